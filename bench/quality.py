@@ -1,0 +1,76 @@
+"""Caption accuracy of a model directory on the shapes task.
+
+For each prompt category (one seen object, two seen objects, held-out colour–shape pairs) and each condition
+scale, sample N candidates per prompt and report the fraction that `dalle_nb.shapes.caption_match` accepts:
+for the first sample (no reranking) and for CLIP's best of N. Writes a JSON file, a markdown table and a plot.
+
+    python bench/quality.py [--model DIR] [--prompts 40] [--n 8] [--scales 1,2,3,5,8] [--out bench/results]
+"""
+import argparse, json, platform, subprocess, sys, time
+from datetime import date
+from pathlib import Path
+
+import numpy as np
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--model", default=None, help="model directory (default: the shipped model)")
+    p.add_argument("--prompts", type=int, default=40, help="prompts per category")
+    p.add_argument("--n", type=int, default=8, help="candidates per prompt")
+    p.add_argument("--scales", default="1,2,3,5,8", help="condition scales")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default="bench/results")
+    a = p.parse_args(argv)
+
+    from dalle_nb.pipeline import Pipeline
+    from dalle_nb.shapes import eval_prompts, caption_match, CATEGORIES
+
+    pipe = Pipeline(a.model, batch_size=a.n)
+    scales = [float(s) for s in a.scales.split(",")]
+    rows, t0 = [], time.perf_counter()
+    for cat in CATEGORIES:
+        prompts = eval_prompts(cat, a.prompts, seed=a.seed)
+        for scale in scales:
+            first, best, any_ok = [], [], []
+            for i, prompt in enumerate(prompts):
+                r = pipe(prompt, n=a.n, rerank=a.n, cond_scale=scale, seed=a.seed * 1000 + i)
+                ok = {int(idx): caption_match(img, prompt) for idx, img in zip(r.indices, r.images)}
+                first.append(ok[0])                      # candidate 0 = the first sample, unranked
+                best.append(ok[int(r.indices[0])])       # CLIP's choice
+                any_ok.append(any(ok.values()))
+            row = dict(category=cat, cond_scale=scale, prompts=len(prompts), n=a.n, first=float(np.mean(first)),
+                       reranked=float(np.mean(best)), oracle=float(np.mean(any_ok)))
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    seconds = time.perf_counter() - t0
+
+    out = Path(a.out); out.mkdir(parents=True, exist_ok=True)
+    meta = dict(date=str(date.today()), machine=f"{platform.machine()} {platform.processor() or ''} ({_cpu()})",
+                model=str(pipe.models.path), seconds=round(seconds, 1), command="python bench/quality.py " + " ".join(argv or sys.argv[1:]))
+    (out / "quality.json").write_text(json.dumps(dict(meta=meta, rows=rows), indent=1))
+    table = ["| category | cond scale | first sample | CLIP best of %d | any of %d |" % (a.n, a.n), "|---|---|---|---|---|"]
+    table += [f"| {r['category']} | {r['cond_scale']:g} | {r['first']:.0%} | {r['reranked']:.0%} | {r['oracle']:.0%} |" for r in rows]
+    (out / "quality.md").write_text("\n".join(table) + "\n")
+    print("\n".join(table))
+
+    import matplotlib; matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, axes = plt.subplots(1, len(CATEGORIES), figsize=(4 * len(CATEGORIES), 3), sharey=True)
+    for ax, cat in zip(axes, CATEGORIES):
+        rs = [r for r in rows if r["category"] == cat]
+        ax.plot([r["cond_scale"] for r in rs], [r["first"] for r in rs], marker="o", label="first sample")
+        ax.plot([r["cond_scale"] for r in rs], [r["reranked"] for r in rs], marker="o", label=f"CLIP best of {a.n}")
+        ax.set_title(cat); ax.set_xlabel("condition scale"); ax.set_ylim(0, 1); ax.grid(alpha=0.3)
+    axes[0].set_ylabel("caption accuracy"); axes[0].legend()
+    fig.tight_layout(); fig.savefig(out / "quality.png", dpi=110)
+    print(f"wrote {out / 'quality.json'}, quality.md, quality.png in {seconds:.0f}s")
+
+
+def _cpu():
+    try: return subprocess.run(["nproc"], capture_output=True, text=True).stdout.strip() + " cores"
+    except OSError: return "?"
+
+
+if __name__ == "__main__":
+    main()
