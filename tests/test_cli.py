@@ -72,3 +72,31 @@ def test_long_prompt_and_unusual_text(tmp_path):
 def test_info():
     r = run("info")
     assert r.returncode == 0 and "parameters:" in r.stdout and "dalle_nb model" in r.stdout
+
+
+MICRO = ["data.n_train=256", "data.n_val=64",
+         "vqgan.ch=8", "vqgan.z_channels=8", "vqgan.embed_dim=8", "vqgan.n_embed=32", "vqgan.norm_groups=4",
+         "bart.image_codes=32", "bart.image_vocab=32", "bart.d_model=32", "bart.encoder_layers=1", "bart.decoder_layers=1",
+         "bart.heads=2", "bart.glu_dim=32",
+         "clip.vision_width=32", "clip.vision_layers=1", "clip.vision_heads=2", "clip.vision_mlp=64", "clip.text_width=32",
+         "clip.text_layers=1", "clip.text_heads=2", "clip.text_mlp=64", "clip.embed_dim=16",
+         *(f"{s}_train.{k}={v}" for s in ("vqgan", "decoder", "bart", "clip")
+           for k, v in (("steps", 8), ("batch_size", 16), ("log_every", 4), ("eval_every", 8), ("warmup_steps", 2)))]
+
+
+def test_train_then_retrain_one_stage_then_generate(tmp_path):
+    sets = [a for o in MICRO for a in ("--set", o)]
+    r = run("train", "--workdir", str(tmp_path / "w"), *sets, "--quiet", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    model = tmp_path / "w" / "model"
+    assert f"model directory: {model}" in r.stdout
+    r = run("train", "--workdir", str(tmp_path / "w"), *sets, "--set", "clip_train.steps=12", "--stages", "clip", "--quiet", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    card = (model / "MODEL_CARD.md").read_text()
+    made = [l for l in card.splitlines() if l.startswith("- `dalle-nb train")]
+    assert len(made) == 2 and made[0].endswith("→ vqgan, decoder, bart, clip") and made[1].endswith("--stages clip` → clip")
+    assert [l.split("|")[1].strip() for l in card.splitlines() if l.startswith("| ") and "stage" not in l] == ["vqgan", "decoder", "bart", "clip"]
+    assert "| clip | 12 |" in card
+    r = run("generate", "a red circle", "--n", "2", "--model", str(model), "--out", str(tmp_path / "o"), cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert sorted(p.name for p in (tmp_path / "o").iterdir()) == ["grid.png", "image_00.png", "image_01.png"]

@@ -46,3 +46,29 @@ def test_save_and_reload_gives_same_images(tmp_path, pipe):
     assert (a.tokens == b.tokens).all()
     paths = b.save(tmp_path / "out")
     assert [p.name for p in paths] == ["image_00.png", "image_01.png", "image_02.png", "grid.png"]
+
+
+def test_plausibility_one_is_greedy_conditional_decoding(pipe):
+    # α = 1 keeps only the conditional model's best id, so any guidance scale gives the greedy conditional sample
+    guarded = pipe("a red circle", n=3, rerank=0, seed=5, cond_scale=8.0, plausibility=1.0)
+    greedy = pipe("a red circle", n=3, rerank=0, seed=9, cond_scale=1.0, top_k=1)
+    assert (guarded.tokens == greedy.tokens).all()
+    assert guarded.settings["plausibility"] == 1.0
+    with pytest.raises(ValueError, match="plausibility"): pipe("a red circle", n=1, plausibility=2.0)
+
+
+def test_quality_bench_runs_on_a_model_directory(tmp_path):
+    import json, subprocess, sys
+    from pathlib import Path
+    model = save_models(tmp_path / "m", micro_models(seed=2))
+    root = Path(__file__).resolve().parents[1]
+    cmd = [sys.executable, str(root / "bench" / "quality.py"), "--model", str(model), "--prompts", "2", "--n", "2",
+           "--scales", "1,3", "--out", str(tmp_path / "out")]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    res = json.loads((tmp_path / "out" / "quality.json").read_text())
+    rows = res["rows"]
+    assert set(res["vqgan_roundtrip_accuracy"]) == {"one", "two", "heldout"}
+    assert [(r["category"], r["cond_scale"]) for r in rows] == [(c, s) for c in ("one", "two", "heldout") for s in (1.0, 3.0)]
+    assert all(0 <= r["first"] <= r["oracle"] <= 1 and r["reranked"] <= r["oracle"] for r in rows)
+    assert (tmp_path / "out" / "quality.png").stat().st_size > 0
