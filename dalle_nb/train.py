@@ -71,6 +71,11 @@ class Checkpointer:
                                                         meta=ocp.args.JsonSave(meta)))
         self.manager.wait_until_finished()
 
+    def meta(self, step=None) -> dict:
+        "The JSON saved with the checkpoint at `step` (default: latest), read without touching the arrays."
+        step = self.latest if step is None else step
+        return self.manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore())).meta
+
     def restore(self, model, optimizer, step=None) -> dict:
         "Load the checkpoint at `step` (default: latest) into `model` and `optimizer` in place; returns its meta."
         step = self.latest if step is None else step
@@ -90,11 +95,31 @@ def _skipped(optimizer) -> int:
     has = lambda x: hasattr(x, "total_notfinite")
     return sum(int(x.total_notfinite) for x in jax.tree.leaves(optimizer.opt_state, is_leaf=has) if has(x))
 
+_RESUMABLE = ("steps", "log_every", "eval_every", "ckpt_every")   # stage fields a resumed run may change
+
+def _stage_key(cfg: StageConfig) -> dict:
+    "The stage settings a checkpoint must share with the run that resumes it."
+    return {k: v for k, v in to_dict(cfg).items() if k not in _RESUMABLE}
+
+def _open_checkpoints(directory: Path, cfg: StageConfig) -> Checkpointer:
+    "The checkpoints in `directory`, moved aside first if they were made with other stage settings."
+    ckpt = Checkpointer(directory)
+    if ckpt.latest is None: return ckpt
+    old = ckpt.meta().get("stage")
+    if old is None or old == _stage_key(cfg): return ckpt
+    ckpt.close()
+    n = 1
+    while directory.with_name(f"{directory.name}.replaced-{n}").exists(): n += 1
+    aside = directory.rename(directory.with_name(f"{directory.name}.replaced-{n}"))
+    diff = sorted(k for k in set(old) | set(_stage_key(cfg)) if old.get(k) != _stage_key(cfg).get(k))
+    print(f"{directory}: checkpoints were made with other {', '.join(diff)}; moved to {aside.name}, starting afresh")
+    return Checkpointer(directory)
+
 def fit(model, optimizer, step_fn, batches: Batches, cfg: StageConfig, *, key=None, workdir=None, eval_fn=None,
         desc: str = "train", progress: bool = True, log=None, until: int | None = None, hooks=()) -> list[dict]:
     "Train to step `until` (default `cfg.steps`), resuming from `workdir`'s latest checkpoint if any; returns the history."
     key = jax.random.key(cfg.seed) if key is None else key
-    ckpt = Checkpointer(Path(workdir) / "ckpt") if workdir else None
+    ckpt = _open_checkpoints(Path(workdir) / "ckpt", cfg) if workdir else None
     history, start = [], 0
     if ckpt is not None and ckpt.latest is not None:
         meta = ckpt.restore(model, optimizer)
@@ -121,7 +146,8 @@ def fit(model, optimizer, step_fn, batches: Batches, cfg: StageConfig, *, key=No
             bar.set_postfix(loss=f"{row['loss']:.4f}")
             if log is not None: log(row)
         if ckpt is not None and (done % cfg.ckpt_every == 0 or done == end):
-            ckpt.save(done, model, optimizer, {"step": done, "history": history, "data": batches.state()})
+            ckpt.save(done, model, optimizer, {"step": done, "history": history, "data": batches.state(),
+                                               "stage": _stage_key(cfg)})
     if ckpt is not None: ckpt.close()
     return history
 
