@@ -24,7 +24,12 @@ def main(argv=None):
     p.add_argument("--eval-every", type=int, default=50)
     p.add_argument("--model", default=None, help="model directory whose VQGAN and tokenizer make the data (default: shipped)")
     p.add_argument("--out", default="bench/results/optimizers")
+    p.add_argument("--replot", action="store_true", help="only redraw the table and plot from OUT/optimizers.json")
     a = p.parse_args(argv)
+    out = Path(a.out)
+    if a.replot:
+        report(json.loads((out / "optimizers.json").read_text()), out)
+        return
 
     import jax, jax.numpy as jnp
     from flax import nnx
@@ -37,7 +42,7 @@ def main(argv=None):
     from dalle_nb.optim import make_optimizer
     from dalle_nb.shampoo import state_bytes_per_param
 
-    out = Path(a.out); out.mkdir(parents=True, exist_ok=True)
+    out.mkdir(parents=True, exist_ok=True)
     m = load_models(a.model)
     cfg = m.cfg
     images, captions = make_split("train", a.n_train, cfg.data.seed)
@@ -88,25 +93,32 @@ def main(argv=None):
               "state_bytes_per_param": memory}
     (out / "optimizers.json").write_text(json.dumps(result, indent=1))
 
+    report(result, out)
+
+
+def report(result, out):
+    "Write optimizers.md (tables) and optimizers.png (curves) from a result dict."
     import matplotlib; matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
     colors = {"adam": "tab:blue", "shampoo": "tab:red"}
+    runs, memory, a_batch = result["runs"], result["state_bytes_per_param"], result["args"]["batch"]
+    best = {n: min((r for r in runs if r["optimizer"] == n), key=lambda r: r["final_val_loss"]) for n in ("adam", "shampoo")}
     for r in runs:
         is_best = r is best[r["optimizer"]]
         kw = dict(color=colors[r["optimizer"]], alpha=1.0 if is_best else 0.3, lw=2 if is_best else 1,
-                  label=f"{r['optimizer']} lr {r['lr']:.0e}" + (" (best)" if is_best else ""))
+                  label=f"{r['optimizer']} lr {r['lr']:g}" + (" (best)" if is_best else ""))
         axes[0].plot([c["step"] for c in r["curve"]], [c["val_loss"] for c in r["curve"]], **kw)
         axes[1].plot([c["seconds"] for c in r["curve"]], [c["val_loss"] for c in r["curve"]], **kw)
     axes[0].set_xlabel("step"); axes[1].set_xlabel("training seconds (CPU)")
     for ax in axes: ax.set_ylabel("validation loss"); ax.set_yscale("log")
     axes[1].legend(fontsize=7)
-    fig.suptitle(f"tiny BART on shapes, batch {a.batch}: Adam vs Distributed Shampoo")
+    fig.suptitle(f"tiny BART on shapes, batch {a_batch}: Adam vs Distributed Shampoo")
     fig.tight_layout(); fig.savefig(out / "optimizers.png", dpi=110)
 
     lines = ["| optimizer | lr | final val loss | ms/step | first step (s) |", "|---|---|---|---|---|"]
     for r in runs:
-        lines.append(f"| {r['optimizer']}{' **best**' if r is best[r['optimizer']] else ''} | {r['lr']:.0e} | {r['final_val_loss']:.4f} | "
+        lines.append(f"| {r['optimizer']}{' **best**' if r is best[r['optimizer']] else ''} | {r['lr']:g} | {r['final_val_loss']:.4f} | "
                      f"{r['seconds_per_step'] * 1000:.0f} | {r['compile_seconds']:.1f} |")
     lines += ["", "| optimizer | state bytes/param, tiny BART | state bytes/param, mega BART |", "|---|---|---|"]
     lines += [f"| {o} | {v['tiny']:.1f} | {v['mega']:.1f} |" for o, v in memory.items()]

@@ -214,10 +214,11 @@ class ParamState(NamedTuple):
 
 @struct.dataclass
 class ShampooState:
-    "Step counter and a `ParamState` per parameter (in `jax.tree.leaves` order); `layout` (static) holds the plan settings."
+    "Step counter and a `ParamState` per parameter (in `jax.tree.leaves` order); static: the plan settings and each parameter's logical names."
     count: jax.Array
     params: tuple
     layout: tuple = struct.field(pytree_node=False, default=())
+    names: tuple = struct.field(pytree_node=False, default=())   # as seen by `init`; used when `update` gets bare arrays
 
 def _is_var(x): return isinstance(x, nnx.Variable)
 
@@ -259,7 +260,11 @@ def distributed_shampoo(learning_rate, block_size: int = 2048, *, b1: float = 0.
 
     layout = (("block_size", block_size), ("merge_max", merge_small_dims_block_size), ("skip_dim_gt", skip_preconditioning_dim_size_gt),
               ("skip_rank_lt", skip_preconditioning_rank_lt), ("merge", merge_small_dims))
-    def plans_of(tree): return [make_plan(x.shape, names, **dict(layout)) for x, names in _arrays_and_names(tree)]
+    def plans_of(tree, known=()):
+        "Each parameter's plan; names missing from `tree` (bare arrays, as `nnx.Optimizer.update` passes) come from `known`."
+        items = _arrays_and_names(tree)
+        if known and len(known) == len(items): items = [(x, n if n is not None else k) for (x, n), k in zip(items, known)]
+        return [make_plan(x.shape, names, **dict(layout)) for x, names in items]
 
     def per_layer(plan, f):
         "Map `f` over the leading layer axis of a stacked parameter."
@@ -274,7 +279,8 @@ def distributed_shampoo(learning_rate, block_size: int = 2048, *, b1: float = 0.
             out.append(ParamState(zeros if keeps_diag else (), zeros, zeros,
                                   tuple(eye(n, matrix_epsilon) for n in plan.stat_sizes),
                                   tuple(eye(n, 1.0) for n in plan.stat_sizes)))
-        return ShampooState(jnp.zeros([], jnp.int32), tuple(out), layout)
+        names = tuple(tuple(n) if n is not None else None for _, n in _arrays_and_names(params))
+        return ShampooState(jnp.zeros([], jnp.int32), tuple(out), layout, names)
 
     def refresh_roots(states, plans):
         "New preconditioners for every statistic: same-size statistics stacked, the stack spread over the mesh."
@@ -321,7 +327,7 @@ def distributed_shampoo(learning_rate, block_size: int = 2048, *, b1: float = 0.
 
     def update(grads, state, params=None):
         src = grads if params is None else params
-        plans = plans_of(src)
+        plans = plans_of(src, state.names)
         gs = [jnp.asarray(g, jnp.float32) for g, _ in _arrays_and_names(grads)]
         xs = [x for x, _ in _arrays_and_names(src)]
         if len(gs) != len(state.params): raise ValueError(f"distributed_shampoo: {len(gs)} gradients for a state of {len(state.params)} parameters")
@@ -349,7 +355,7 @@ def distributed_shampoo(learning_rate, block_size: int = 2048, *, b1: float = 0.
             updates.append((-lr * d).astype(g.dtype))
             new.append(ParamState(nd if keeps_diag else (), nm, ngm, st.stats, tuple(r)))
         out = jax.tree.unflatten(jax.tree.structure(grads), updates)
-        return out, ShampooState(count + 1, tuple(new), layout)
+        return out, ShampooState(count + 1, tuple(new), layout, state.names)
 
     return optax.GradientTransformation(init, update)
 

@@ -154,10 +154,11 @@ def test_checkpoint_round_trip_in_training(tmp_path):
     m, opt = make()
     for _ in range(5): step(m, opt)
     ck = Checkpointer(tmp_path / "ck")
-    ck.save(5, m, opt, {"step": 5})
+    ck.save(5, nnx.state((m, opt)), {"step": 5})
     after = [float(step(m, opt)) for _ in range(4)]
     m2, opt2 = make()
-    ck.restore(m2, opt2)
+    restored, _ = ck.restore(nnx.state((m2, opt2)))
+    nnx.update((m2, opt2), restored)
     ck.close()
     again = [float(step(m2, opt2)) for _ in range(4)]
     assert after == again
