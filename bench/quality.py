@@ -5,6 +5,9 @@ scale, sample N candidates per prompt and report the fraction that `dalle_nb.sha
 for the first sample (no reranking) and for CLIP's best of N. Writes a JSON file, a markdown table and a plot.
 
     python bench/quality.py [--model DIR] [--prompts 40] [--n 8] [--scales 1,2,3,5,8] [--out bench/results]
+
+Works for either architecture: the model directory's config says which transformer (`arch`: bart or dalle) and which
+image tokenizer (`image_tokenizer`: vqgan or dvae) the pipeline uses; both are recorded with the results.
 """
 import argparse, json, platform, subprocess, sys, time
 from datetime import date
@@ -37,9 +40,9 @@ def main(argv=None):
     ceiling = {}
     for split in ("val", "heldout"):
         imgs, caps = make_split(split, 16 * a.prompts, seed=a.seed + 1)
-        res = pipe.cfg.vqgan.resolution
+        res = pipe.cfg.tokenizer_cfg.resolution
         if imgs.shape[1] != res: imgs = np.stack([center_crop_resize(im, res) for im in imgs])   # micro test models
-        rec = np.concatenate([np.asarray(roundtrip(pipe.models.vqgan, to_float(imgs[i:i + 64]))) for i in range(0, len(imgs), 64)])
+        rec = np.concatenate([np.asarray(roundtrip(pipe.models.image_tokenizer, to_float(imgs[i:i + 64]))) for i in range(0, len(imgs), 64)])
         for c, r in zip(caps, rec): ceiling.setdefault(category(c), []).append(caption_match(r, c))
     ceiling = {c: float(np.mean(v)) for c, v in ceiling.items()}
     print(json.dumps({"vqgan_roundtrip_accuracy": ceiling}), flush=True)
@@ -62,11 +65,11 @@ def main(argv=None):
 
     out = Path(a.out); out.mkdir(parents=True, exist_ok=True)
     meta = dict(date=str(date.today()), machine=f"{platform.machine()} {platform.processor() or ''} ({_cpu()})",
-                model=str(pipe.models.path), seconds=round(seconds, 1), command="python bench/quality.py " + " ".join(argv or sys.argv[1:]))
+                model=str(pipe.models.path), arch=pipe.cfg.arch, image_tokenizer=pipe.cfg.image_tokenizer, seconds=round(seconds, 1), command="python bench/quality.py " + " ".join(argv or sys.argv[1:]))
     (out / "quality.json").write_text(json.dumps(dict(meta=meta, vqgan_roundtrip_accuracy=ceiling, rows=rows), indent=1))
     table = ["| category | cond scale | plausibility α | first sample | CLIP best of %d | any of %d |" % (a.n, a.n), "|---|---|---|---|---|---|"]
     table += [f"| {r['category']} | {r['cond_scale']:g} | {r['plausibility']:g} | {r['first']:.0%} | {r['reranked']:.0%} | {r['oracle']:.0%} |" for r in rows]
-    table += ["", "VQGAN round trip (ground-truth image → tokens → image) accepted by the checker: " +
+    table += ["", f"{pipe.cfg.image_tokenizer.upper()} round trip (ground-truth image → tokens → image) accepted by the checker: " +
               ", ".join(f"{c} {ceiling.get(c, float('nan')):.0%}" for c in CATEGORIES)]
     (out / "quality.md").write_text("\n".join(table) + "\n")
     print("\n".join(table))

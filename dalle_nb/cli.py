@@ -10,7 +10,7 @@ import argparse, os, sys, time, warnings
 from pathlib import Path
 
 # %% auto #0
-__all__ = ['UsageError', 'cmd_generate', 'cmd_train', 'cmd_info', 'build_parser', 'main']
+__all__ = ['UsageError', 'cmd_generate', 'cmd_train', 'cmd_info', 'cmd_encode', 'cmd_convert', 'build_parser', 'main']
 
 # %% ../nbs/14_cli.ipynb #66f096ee
 class UsageError(Exception):
@@ -32,13 +32,15 @@ def cmd_generate(a) -> int:
     from dalle_nb.modeldir import ModelDirError
     if a.n <= 0: raise UsageError(f"--n must be a positive number of images, got {a.n}")
     if a.rerank is not None and not 0 <= a.rerank <= a.n: raise UsageError(f"--rerank must be between 0 and --n ({a.n}), got {a.rerank}")
+    if a.keep_rows is not None and a.image_prompt is None: raise UsageError("--keep-rows needs --image-prompt (keep_rows needs an image prompt)")
+    if a.image_prompt is not None and not Path(a.image_prompt).is_file(): raise UsageError(f"{a.image_prompt}: no such image file")
     try:
         t0 = time.perf_counter()
         pipe = Pipeline(a.model)
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             r = pipe(a.prompt, n=a.n, rerank=a.rerank, cond_scale=a.cond_scale, seed=a.seed, temperature=a.temperature,
-                     top_k=a.top_k, top_p=a.top_p, plausibility=a.plausibility)
+                     top_k=a.top_k, top_p=a.top_p, plausibility=a.plausibility, image_prompt=a.image_prompt, keep_rows=a.keep_rows)
         for w in caught: print(f"dalle-nb: warning: {w.message}", file=sys.stderr)
     except (PromptError, ModelDirError, ValueError) as e:
         raise UsageError(str(e)) from None
@@ -50,19 +52,27 @@ def cmd_generate(a) -> int:
 
 def cmd_train(a) -> int:
     "Train the stages of a preset (with `--set` overrides) into `--workdir`; the model directory is `workdir/model`."
+    from dalle_nb.sharding import init_distributed, is_primary, parse_mesh
+    try:
+        init_distributed(a.coordinator, a.num_processes, a.process_id)   # before anything touches a device
+        if a.mesh is not None: parse_mesh(a.mesh)
+    except ValueError as e: raise UsageError(str(e)) from None
     from dalle_nb.config import get_config
     from dalle_nb.train import train_all, STAGES, TrainSetupError
     stages = tuple(a.stages.split(",")) if a.stages else STAGES
     bad = set(stages) - set(STAGES)
     if bad: raise UsageError(f"--stages: unknown stage(s) {sorted(bad)}; choose from {','.join(STAGES)}")
-    sets = [f"{s}_train.optimizer={a.optimizer}" for s in stages] if a.optimizer else []
-    try: cfg = get_config(a.preset, sets + list(a.set or []))          # an explicit --set wins over --optimizer
+    sets = [f"arch={a.arch}"] if a.arch else []
+    sets += [f"{s}_train.optimizer={a.optimizer}" for s in stages] if a.optimizer else []
+    sets += [f"{s}_train.mesh={a.mesh}" for s in stages] if a.mesh else []
+    try: cfg = get_config(a.preset, sets + list(a.set or []))          # an explicit --set wins over --optimizer / --mesh
     except ValueError as e: raise UsageError(str(e)) from None
-    command = " ".join(["dalle-nb train", f"--preset {a.preset}", f"--workdir {a.workdir}", *(f"--set {o}" for o in a.set or []),
-                        *([f"--optimizer {a.optimizer}"] if a.optimizer else []), *([f"--stages {a.stages}"] if a.stages else [])])
-    try: out = train_all(cfg, a.workdir, stages=stages, progress=not a.quiet, command=command)
-    except TrainSetupError as e: raise UsageError(str(e)) from None
-    print(f"model directory: {Path(out).resolve()}")
+    command = " ".join(["dalle-nb train", f"--preset {a.preset}", *([f"--arch {a.arch}"] if a.arch else []), f"--workdir {a.workdir}", *(f"--set {o}" for o in a.set or []),
+                        *([f"--optimizer {a.optimizer}"] if a.optimizer else []), *([f"--mesh {a.mesh}"] if a.mesh else []),
+                        *([f"--stages {a.stages}"] if a.stages else []), *(f"--data {d}" for d in a.data or [])])
+    try: out = train_all(cfg, a.workdir, stages=stages, progress=not a.quiet, command=command, data=a.data)
+    except (TrainSetupError, ValueError) as e: raise UsageError(str(e)) from None
+    if is_primary(): print(f"model directory: {Path(out).resolve()}")
     return 0
 
 def cmd_info(a) -> int:
@@ -74,9 +84,47 @@ def cmd_info(a) -> int:
     except ModelDirError as e: raise UsageError(str(e)) from None
     count = lambda mod: sum(x.size for x in jax.tree.leaves(nnx.state(mod, nnx.Param))) if mod is not None else 0
     print(f"model directory: {m.path}")
-    print(f"preset {m.cfg.name}: VQGAN {m.cfg.vqgan.resolution}px → {m.cfg.vqgan.grid}×{m.cfg.vqgan.grid} tokens of {m.cfg.vqgan.n_embed} codes")
-    print(f"parameters: vqgan {count(m.vqgan):,}  bart {count(m.bart):,}  clip {count(m.clip):,}")
+    tok = m.cfg.tokenizer_cfg
+    print(f"preset {m.cfg.name}: {'VQGAN' if m.cfg.image_tokenizer == 'vqgan' else 'dVAE'} {tok.resolution}px → {tok.grid}×{tok.grid} tokens of {tok.n_embed} codes; "
+          f"transformer: {'BART (DALL·E Mega)' if m.cfg.arch == 'bart' else 'decoder-only sparse transformer (the DALL·E paper)'}")
+    print("parameters: " + "  ".join(f"{n} {count(getattr(m, n)):,}" for n in ("vqgan", "dvae", "bart", "dalle", "clip") if getattr(m, n) is not None))
     if m.card: print("\n" + m.card.strip())
+    return 0
+
+def cmd_encode(a) -> int:
+    "Encode image–caption pairs (a folder, webdataset `.tar` shards or parquet) into VQGAN token shards in `--out`; a re-run resumes."
+    import shlex
+    from dalle_nb.dataset import open_source, encode_to_shards, EncodeError
+    from dalle_nb.modeldir import load_models, ModelDirError
+    if a.batch_size < 1 or a.shard_size < 1: raise UsageError(f"--batch-size and --shard-size must be positive, got {a.batch_size} and {a.shard_size}")
+    command = shlex.join(["dalle-nb", "encode", *a.source, "--out", a.out, *(["--model", a.model] if a.model else []),
+                          "--batch-size", str(a.batch_size), "--shard-size", str(a.shard_size), *(["--clip-score"] if a.clip_score else []),
+                          "--image-column", a.image_column, "--caption-column", a.caption_column])
+    try:
+        src = open_source(a.source, a.image_column, a.caption_column)
+        man = encode_to_shards(src, a.out, load_models(a.model), batch_size=a.batch_size, shard_size=a.shard_size, clip_score=a.clip_score,
+                               workers=a.workers, progress=not a.quiet, command=command)
+    except (EncodeError, ModelDirError) as e: raise UsageError(str(e)) from None
+    for e in man.get("source_errors", []): print(f"dalle-nb: warning: {e}", file=sys.stderr)
+    run, sk = man["runs"][-1], man["skipped"]
+    why = f" ({', '.join(f'{v} {k}' for k, v in sorted(sk.items()))})" if sk else ""
+    print(f"encoded {run['shards_to_encode']} shard(s), {run['shards_done_before']} already done: {man['rows']} rows in "
+          f"{len(man['shards'])} shard(s), {sum(sk.values())} record(s) skipped{why}")
+    print(f"manifest: {(Path(a.out) / 'manifest.json').resolve()}")
+    return 0
+
+def cmd_convert(a) -> int:
+    "Convert published DALL·E Mini/Mega weights (min-dalle's or dalle-mini's layout, with VQGAN and CLIP) into a model directory."
+    if a.source == "dalle-mini" and not a.vqgan:
+        raise UsageError("--from dalle-mini needs --vqgan DIR: dalle-mini keeps its VQGAN (flax_model.msgpack + config.json) in its own folder")
+    out = Path(a.out)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())): raise UsageError(f"--out {out} exists and is not an empty directory; choose a new one")
+    from dalle_nb.convert import convert, ConvertError
+    t0 = time.perf_counter()
+    try: path = convert(a.source, a.dir, out, vqgan=a.vqgan, clip=a.clip, dtype=a.dtype, heads=a.heads)
+    except ConvertError as e: raise UsageError(" | ".join(line.strip() for line in str(e).splitlines())) from None
+    print(f"converted {a.source} weights from {a.dir} in {time.perf_counter() - t0:.0f}s")
+    print(f"model directory: {Path(path).resolve()}   (dalle-nb generate \"...\" --model {path})")
     return 0
 
 # %% ../nbs/14_cli.ipynb #344b6754
@@ -96,19 +144,58 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--plausibility", type=float, default=None,
                    help="keep only ids the conditional model gives >= this fraction of its top probability (0 = off)")
     g.add_argument("--model", default=None, help="model directory (default: the shipped shapes model)")
+    g.add_argument("--image-prompt", default=None, metavar="PNG", help="complete this image: keep the top --keep-rows token rows, draw the rest")
+    g.add_argument("--keep-rows", type=int, default=None, metavar="K", help="token rows of --image-prompt to keep (default: half the grid)")
     g.set_defaults(func=cmd_generate)
     t = sub.add_parser("train", help="train VQGAN, BART and CLIP into a model directory")
     t.add_argument("--preset", default="tiny")
     t.add_argument("--workdir", required=True, help="checkpoints, logs, and the model directory (workdir/model)")
     t.add_argument("--set", action="append", metavar="SECTION.FIELD=VALUE", help="override a config field (repeatable)")
-    t.add_argument("--stages", default=None, help="comma-separated subset of vqgan,decoder,bart,clip (default: all)")
+    t.add_argument("--stages", default=None, help="comma-separated subset of vqgan,dvae,decoder,bart,dalle,clip (default: all of the config's)")
+    t.add_argument("--arch", choices=("bart", "dalle"), default=None,
+                   help="the transformer: bart (DALL·E Mega, the presets' default) or dalle (the DALL·E paper's decoder-only sparse transformer)")
     t.add_argument("--optimizer", choices=("adam", "adafactor", "shampoo"), default=None,
                    help="optimiser for every stage trained (default: the preset's; Shampoo's settings: --set STAGE_train.shampoo_*=...)")
+    t.add_argument("--mesh", default=None, metavar="LAYOUT",
+                   help="device layout for every stage trained, e.g. dp=32,mp=8 or fsdp=-1 (default: the preset's; all devices data-parallel)")
+    t.add_argument("--coordinator", default=None, metavar="HOST:PORT",
+                   help="multi-process run: address of process 0 ('auto' on a TPU pod; or DALLE_NB_COORDINATOR)")
+    t.add_argument("--num-processes", type=int, default=None, help="multi-process run: how many processes (or DALLE_NB_NUM_PROCESSES)")
+    t.add_argument("--process-id", type=int, default=None, help="multi-process run: this process's index (or DALLE_NB_PROCESS_ID)")
+    t.add_argument("--data", action="append", default=None, metavar="DIR",
+                   help="train the bart stage on token shards written by `dalle-nb encode` (repeatable; needs --stages bart)")
     t.add_argument("--quiet", action="store_true", help="no progress bars")
     t.set_defaults(func=cmd_train)
     i = sub.add_parser("info", help="describe a model directory")
     i.add_argument("--model", default=None)
     i.set_defaults(func=cmd_info)
+    e = sub.add_parser("encode", help="images + captions → VQGAN token shards (parquet + manifest.json) for training")
+    e.add_argument("source", nargs="+", help="a folder of images with same-name .txt captions, webdataset .tar files, or .parquet files")
+    e.add_argument("--out", required=True, help="directory for the shards and manifest.json (running again resumes)")
+    e.add_argument("--model", default=None, help="model directory whose VQGAN encodes (default: the shipped model)")
+    e.add_argument("--batch-size", type=int, default=64, help="images per batch, split over all local devices (default 64)")
+    e.add_argument("--shard-size", type=int, default=10_000, help="input records per shard (default 10000)")
+    e.add_argument("--clip-score", action="store_true", help="add a clip_score column computed with the model directory's CLIP")
+    e.add_argument("--image-column", default="image", help="parquet input: column of image bytes (default 'image')")
+    e.add_argument("--caption-column", default="caption", help="parquet input: column of captions (default 'caption')")
+    e.add_argument("--workers", type=int, default=None, help="image-decoding threads (default: min(8, CPU count))")
+    e.add_argument("--quiet", action="store_true", help="no progress bar")
+    e.set_defaults(func=cmd_encode)
+    c = sub.add_parser("convert", help="published DALL·E Mini/Mega weights (+ VQGAN, CLIP) → a model directory")
+    c.add_argument("dir", help="the BART's folder: min-dalle's (encoder.pt, decoder.pt, vocab.json, merges.txt) "
+                               "or dalle-mini's (flax_model.msgpack, config.json, vocab.json, merges.txt)")
+    c.add_argument("--from", dest="source", required=True, choices=("min-dalle", "dalle-mini"), help="the layout of DIR")
+    c.add_argument("--out", required=True, help="the model directory to write (new or empty)")
+    c.add_argument("--vqgan", default=None, help="dalle-mini's VQGAN folder (flax_model.msgpack + config.json); "
+                                                 "min-dalle default: detoker.pt in DIR or DIR/../vqgan (decoder only)")
+    c.add_argument("--clip", default=None, help="CLIP folder in transformers' layout (config.json, model.safetensors or "
+                                                "pytorch_model.bin, tokenizer) for reranking; without it, no reranking")
+    c.add_argument("--dtype", choices=("float32", "float16", "bfloat16"), default="float32", help="parameters on disk (default float32)")
+    c.add_argument("--heads", type=int, default=None, help="min-dalle: attention heads of a BART that is neither Mini nor Mega "
+                                                            "(not stored in the files)")
+    c.set_defaults(func=cmd_convert)
+    from dalle_nb.pod import add_pod_commands        # dalle-nb pod create|setup|launch|logs|list|stop|delete|watch|fit
+    add_pod_commands(sub, UsageError)
     return p
 
 def main(argv=None) -> int:

@@ -12,9 +12,10 @@ from pathlib import Path
 from typing import Any
 
 # %% auto #0
-__all__ = ['LN_TYPES', 'LN_POSITIONS', 'F16_VQGAN', 'CLIP_VIT_B32', 'PRESETS', 'VQGANConfig', 'BartConfig', 'CLIPConfig',
-           'DataConfig', 'StageConfig', 'SampleConfig', 'RunConfig', 'to_dict', 'from_dict', 'override', 'save_config',
-           'load_config', 'get_config']
+__all__ = ['LN_TYPES', 'LN_POSITIONS', 'TEXT_NORMALIZERS', 'RECON_LOSSES', 'ATTN_KINDS', 'ARCHS', 'IMAGE_TOKENIZERS', 'F16_VQGAN',
+           'CLIP_VIT_B32', 'PAPER_DVAE', 'PRESETS', 'VQGANConfig', 'BartConfig', 'CLIPConfig', 'DVAEConfig',
+           'DalleConfig', 'DataConfig', 'StageConfig', 'SampleConfig', 'RunConfig', 'to_dict', 'from_dict', 'override',
+           'save_config', 'load_config', 'get_config']
 
 # %% ../nbs/00_config.ipynb #a045164a
 @dataclass(frozen=True)
@@ -33,6 +34,8 @@ class VQGANConfig:
     norm_groups: int = 8              # GroupNorm groups (32 in the published model)
     norm_eps: float = 1e-6
     beta: float = 0.25                # commitment loss weight
+    signed_input: bool = True         # encoder reads images mapped to [-1, 1]; False: [0, 1], as dalle-mini encoded its data
+    decoder_only: bool = False        # no encoder / quant_conv (min-dalle ships only the decoder, `detoker.pt`)
     dtype: str = "float32"
 
     def __post_init__(self):
@@ -50,6 +53,7 @@ class VQGANConfig:
 # %% ../nbs/00_config.ipynb #a72f270f
 LN_TYPES = ("layernorm", "rmsnorm")
 LN_POSITIONS = ("normformer", "preln", "postln")
+TEXT_NORMALIZERS = ("dalle_nb", "dalle_mini", "none")   # see dalle_nb.text: this package's rules, dalle-mini's, none
 
 @dataclass(frozen=True)
 class BartConfig:
@@ -70,6 +74,7 @@ class BartConfig:
     use_bias: bool = False
     init_std: float = 0.01
     pad_id: int = 1                   # text padding id
+    text_normalizer: str = "dalle_nb"  # caption cleaning the model was trained with: dalle_nb | dalle_mini | none
     scan_layers: bool = True          # stack layers and run them with nnx.scan
     remat: str = "none"               # none | full  (gradient checkpointing per layer)
     dtype: str = "float32"            # compute dtype (bfloat16 on accelerators)
@@ -81,6 +86,7 @@ class BartConfig:
         if self.ln_type not in LN_TYPES: raise ValueError(f"BartConfig: ln_type must be one of {LN_TYPES}, got {self.ln_type!r}")
         if self.ln_positions not in LN_POSITIONS: raise ValueError(f"BartConfig: ln_positions must be one of {LN_POSITIONS}, got {self.ln_positions!r}")
         if self.remat not in ("none", "full"): raise ValueError(f"BartConfig: remat must be 'none' or 'full', got {self.remat!r}")
+        if self.text_normalizer not in TEXT_NORMALIZERS: raise ValueError(f"BartConfig: text_normalizer must be one of {TEXT_NORMALIZERS}, got {self.text_normalizer!r}")
 
     @property
     def bos_id(self) -> int: return self.image_codes
@@ -119,6 +125,90 @@ class CLIPConfig:
     @property
     def n_patches(self) -> int: return (self.image_size // self.patch_size) ** 2
 
+# %% ../nbs/00_config.ipynb #8d2cb3d9
+RECON_LOSSES = ("logit_laplace", "mse")
+
+@dataclass(frozen=True)
+class DVAEConfig:
+    "Sizes and relaxation schedules of DALL·E's discrete VAE (openai/DALL-E's layout)."
+    resolution: int = 64              # input/output image side, pixels
+    in_channels: int = 3
+    patch: int = 4                    # space-to-depth factor before the first conv (paper 1)
+    n_hid: int = 32                   # base width: group g has n_hid * 2**g channels (paper 256)
+    group_count: int = 2              # resolution groups; downsampling factor patch * 2**(group_count-1) (paper 4)
+    n_blk_per_group: int = 1          # residual blocks per group (paper 2)
+    n_init: int = 64                  # decoder width after its 1×1 input convolution (paper 128)
+    vocab_size: int = 1024            # codes per grid position (paper 8192)
+    recon: str = "logit_laplace"      # logit_laplace (the paper's) | mse
+    logit_laplace_eps: float = 0.1    # pixels are squeezed into [eps, 1-eps] before the logit-Laplace likelihood
+    tau_start: float = 1.0            # Gumbel-softmax temperature at step 0 ...
+    tau_end: float = 1 / 16           # ... annealed (cosine) to this (the paper's 1/16)
+    tau_steps: int = 1000             # ... over this many steps (paper 150,000)
+    kl_weight: float = 6.6            # β after warm-up (the paper's 6.6)
+    kl_warmup_steps: int = 500        # β rises (cosine) from 0 over this many steps (paper 5,000)
+    dtype: str = "float32"
+
+    def __post_init__(self):
+        if self.recon not in RECON_LOSSES: raise ValueError(f"DVAEConfig: recon must be one of {RECON_LOSSES}, got {self.recon!r}")
+        if self.group_count < 1 or self.n_blk_per_group < 1: raise ValueError("DVAEConfig: group_count >= 1 and n_blk_per_group >= 1 are required")
+        if self.resolution % self.factor: raise ValueError(f"DVAEConfig: resolution {self.resolution} is not divisible by the downsampling factor {self.factor}")
+        if self.n_hid % 4 or self.n_init % 4: raise ValueError(f"DVAEConfig: n_hid={self.n_hid} and n_init={self.n_init} must be multiples of 4 (blocks are n_out/4 wide inside)")
+        if not 0 < self.logit_laplace_eps < 0.5: raise ValueError(f"DVAEConfig: logit_laplace_eps={self.logit_laplace_eps} is not in (0, 0.5)")
+        if not 0 < self.tau_end <= self.tau_start: raise ValueError(f"DVAEConfig: need 0 < tau_end <= tau_start, got {self.tau_end}, {self.tau_start}")
+
+    @property
+    def factor(self) -> int: return self.patch * 2 ** (self.group_count - 1)
+    @property
+    def grid(self) -> int: return self.resolution // self.factor
+    @property
+    def n_tokens(self) -> int: return self.grid ** 2
+    @property
+    def n_embed(self) -> int: return self.vocab_size
+
+# %% ../nbs/00_config.ipynb #433dccb5
+ATTN_KINDS = ("row", "column", "conv", "full")
+
+@dataclass(frozen=True)
+class DalleConfig:
+    "Sizes and options of the DALL·E paper's decoder-only sparse transformer (text then image tokens)."
+    text_vocab: int = 512             # text tokenizer vocabulary (paper 16384)
+    text_len: int = 24                # text positions (paper 256); each has its own learned padding token
+    image_codes: int = 1024           # image tokenizer codes (paper 8192)
+    image_grid: int = 8               # image tokens per side (paper 32)
+    d_model: int = 128                # (paper 3968)
+    layers: int = 6                   # (paper 64)
+    heads: int = 4                    # (paper 62)
+    mlp_mult: int = 4                 # feed-forward width = mlp_mult * d_model
+    attn_types: str = ""              # comma-separated per-layer kinds (row|column|conv|full); "" = the paper's rule
+    conv_kernel: int = 5              # side of the convolutional attention window (paper 11)
+    text_loss_weight: float = 0.125   # image tokens get 1 - this (the paper's 1/8 and 7/8)
+    init_std: float = 0.02
+    ln_eps: float = 1e-5
+    pad_id: int = 1                   # the tokenizer's padding id (replaced by per-position padding tokens)
+    dtype: str = "float32"            # compute dtype
+    param_dtype: str = "float32"
+
+    def __post_init__(self):
+        if self.d_model % self.heads: raise ValueError(f"DalleConfig: d_model={self.d_model} is not divisible by heads={self.heads}")
+        if self.conv_kernel < 1 or self.conv_kernel % 2 == 0: raise ValueError(f"DalleConfig: conv_kernel must be odd and positive, got {self.conv_kernel}")
+        if not 0 <= self.text_loss_weight <= 1: raise ValueError(f"DalleConfig: text_loss_weight={self.text_loss_weight} is not in [0, 1]")
+        kinds = self.layer_kinds
+        bad = [k for k in kinds if k not in ATTN_KINDS]
+        if bad: raise ValueError(f"DalleConfig: unknown attention kind(s) {bad}; choose from {ATTN_KINDS}")
+        if len(kinds) != self.layers: raise ValueError(f"DalleConfig: attn_types lists {len(kinds)} kinds for {self.layers} layers")
+
+    @property
+    def layer_kinds(self) -> tuple:
+        "The attention kind of each layer: `attn_types`, or the paper's rule."
+        if self.attn_types.strip(): return tuple(k.strip() for k in self.attn_types.split(","))
+        return tuple("conv" if i == self.layers else "column" if (i - 2) % 4 == 0 else "row" for i in range(1, self.layers + 1))
+    @property
+    def image_len(self) -> int: return self.image_grid ** 2
+    @property
+    def seq_len(self) -> int: return self.text_len + self.image_len
+    @property
+    def head_dim(self) -> int: return self.d_model // self.heads
+
 # %% ../nbs/00_config.ipynb #2cb0f2cf
 @dataclass(frozen=True)
 class DataConfig:
@@ -149,6 +239,7 @@ class StageConfig:
     eval_every: int = 500
     ckpt_every: int = 500
     seed: int = 0
+    mesh: str = "dp=-1"               # device layout "dp=D,fsdp=F,mp=M" (sizes; -1 = the rest; see dalle_nb.sharding)
     # Distributed Shampoo (used when optimizer == "shampoo"; see dalle_nb.shampoo)
     shampoo_block: int = 128          # statistics are kept per block of at most this many rows/columns
     shampoo_every: int = 10           # recompute the preconditioners every this many steps
@@ -165,6 +256,10 @@ class StageConfig:
         if self.decay not in ("cosine", "constant"): raise ValueError(f"StageConfig: decay must be 'cosine' or 'constant', got {self.decay!r}")
         if not 0 <= self.blank_caption_prob <= 1: raise ValueError(f"StageConfig: blank_caption_prob={self.blank_caption_prob} is not in [0, 1]")
         if self.steps < 0 or self.batch_size < 1 or self.grad_accum < 1: raise ValueError("StageConfig: steps >= 0, batch_size >= 1 and grad_accum >= 1 are required")
+        for part in (p.strip() for p in self.mesh.split(",") if p.strip()):
+            axis, eq, size = (t.strip() for t in part.partition("="))
+            if axis not in ("dp", "fsdp", "mp") or not eq or not (size == "-1" or size.isdigit()):
+                raise ValueError(f"StageConfig: mesh must look like 'dp=32,mp=8' (axes dp, fsdp, mp; sizes or -1), got {self.mesh!r}")
 
 @dataclass(frozen=True)
 class SampleConfig:
@@ -181,6 +276,9 @@ class SampleConfig:
         if not 0 <= self.plausibility <= 1: raise ValueError(f"SampleConfig: plausibility={self.plausibility} is not in [0, 1]")
 
 # %% ../nbs/00_config.ipynb #7917b8af
+ARCHS = ("bart", "dalle")
+IMAGE_TOKENIZERS = ("vqgan", "dvae")
+
 @dataclass(frozen=True)
 class RunConfig:
     "Everything a run needs: models, data, the training stages and sampling defaults."
@@ -194,16 +292,38 @@ class RunConfig:
     bart_train: StageConfig = field(default_factory=StageConfig)
     clip_train: StageConfig = field(default_factory=StageConfig)
     sample: SampleConfig = field(default_factory=SampleConfig)
+    arch: str = "bart"                # the text → image-token transformer: bart (DALL·E Mega) | dalle (the DALL·E paper)
+    image_tokenizer: str = "vqgan"    # vqgan | dvae
+    dvae: DVAEConfig = field(default_factory=DVAEConfig)
+    dalle: DalleConfig = field(default_factory=DalleConfig)
+    dvae_train: StageConfig = field(default_factory=StageConfig)
+    dalle_train: StageConfig = field(default_factory=StageConfig)
 
     def __post_init__(self):
-        if self.bart.image_codes != self.vqgan.n_embed:
-            raise ValueError(f"RunConfig: bart.image_codes={self.bart.image_codes} but the VQGAN has n_embed={self.vqgan.n_embed} codes")
-        if self.bart.image_len != self.vqgan.n_tokens:
-            raise ValueError(f"RunConfig: bart.image_len={self.bart.image_len} but the VQGAN makes {self.vqgan.n_tokens} tokens per image")
+        if self.arch not in ARCHS: raise ValueError(f"RunConfig: arch must be one of {ARCHS}, got {self.arch!r}")
+        if self.image_tokenizer not in IMAGE_TOKENIZERS: raise ValueError(f"RunConfig: image_tokenizer must be one of {IMAGE_TOKENIZERS}, got {self.image_tokenizer!r}")
+        tok = self.vqgan if self.image_tokenizer == "vqgan" else self.dvae
+        name, codes = ("the VQGAN", "n_embed") if self.image_tokenizer == "vqgan" else ("the dVAE", "vocab_size")
+        model, (n_codes, n_len) = (("bart", (self.bart.image_codes, self.bart.image_len)) if self.arch == "bart" else
+                                   ("dalle", (self.dalle.image_codes, self.dalle.image_len)))
+        if n_codes != tok.n_embed:
+            raise ValueError(f"RunConfig: {model}.image_codes={n_codes} but {name} has {codes}={tok.n_embed} codes")
+        if n_len != tok.n_tokens:
+            raise ValueError(f"RunConfig: {model}.image_len={n_len} but {name} makes {tok.n_tokens} tokens per image")
+
+    @property
+    def tokenizer_cfg(self): return self.vqgan if self.image_tokenizer == "vqgan" else self.dvae
+    @property
+    def model_cfg(self): return self.bart if self.arch == "bart" else self.dalle
+    @property
+    def text_len(self) -> int: return self.bart.max_text_len if self.arch == "bart" else self.dalle.text_len
+    @property
+    def text_vocab(self) -> int: return self.bart.text_vocab if self.arch == "bart" else self.dalle.text_vocab
 
 # %% ../nbs/00_config.ipynb #37206b0b
 _NESTED = {"VQGANConfig": VQGANConfig, "BartConfig": BartConfig, "CLIPConfig": CLIPConfig, "DataConfig": DataConfig,
-           "StageConfig": StageConfig, "SampleConfig": SampleConfig, "RunConfig": RunConfig}
+           "StageConfig": StageConfig, "SampleConfig": SampleConfig, "RunConfig": RunConfig, "DVAEConfig": DVAEConfig,
+           "DalleConfig": DalleConfig}
 
 def to_dict(cfg) -> dict:
     "A config as nested plain dicts (tuples become lists), ready for JSON."
@@ -275,19 +395,36 @@ def load_config(path) -> RunConfig:
 
 # %% ../nbs/00_config.ipynb #86cef1c1
 F16_VQGAN = VQGANConfig(resolution=256, ch=128, ch_mult=(1, 1, 2, 2, 4), num_res_blocks=2, attn_resolutions=(16,),
-                        z_channels=256, embed_dim=256, n_embed=16384, norm_groups=32, norm_eps=1e-6)
+                        z_channels=256, embed_dim=256, n_embed=16384, norm_groups=32, norm_eps=1e-6, signed_input=False)
 CLIP_VIT_B32 = CLIPConfig(embed_dim=512, image_size=224, patch_size=32, vision_width=768, vision_layers=12, vision_heads=12,
                           vision_mlp=3072, text_vocab=49408, text_len=77, text_width=512, text_layers=12, text_heads=8,
                           text_mlp=2048, act="quick_gelu", pad_id=49407, eos_id=49407)
 
 def _published(name, d, layers, heads, glu, text_vocab, image_vocab):
     bart = BartConfig(text_vocab=text_vocab, image_codes=16384, image_vocab=image_vocab, max_text_len=64, image_len=256,
-                      d_model=d, encoder_layers=layers, decoder_layers=layers, heads=heads, glu_dim=glu)
+                      d_model=d, encoder_layers=layers, decoder_layers=layers, heads=heads, glu_dim=glu,
+                      text_normalizer="dalle_mini")
     stage = StageConfig(steps=100_000, batch_size=44, lr=1e-4, warmup_steps=10_000, decay="constant", optimizer="shampoo",
                         b1=0.9, b2=0.99, grad_accum=3, blank_caption_prob=0.2, log_every=100, eval_every=2000, ckpt_every=2000,
                         shampoo_block=2048, shampoo_every=10, shampoo_start=101, shampoo_graft="rmsprop_normalized",
-                        shampoo_nesterov=False, shampoo_skip_gt=4096)
-    return RunConfig(name=name, vqgan=F16_VQGAN, bart=bart, clip=CLIP_VIT_B32, bart_train=stage)
+                        shampoo_nesterov=False, shampoo_skip_gt=4096, mesh="dp=-1,mp=8" if name == "mega" else "dp=-1")
+    sample = SampleConfig(n_candidates=8, rerank=4, cond_scale=10.0)   # dalle-mini's inference defaults
+    return RunConfig(name=name, vqgan=F16_VQGAN, bart=bart, clip=CLIP_VIT_B32, bart_train=stage, sample=sample)
+
+PAPER_DVAE = DVAEConfig(resolution=256, patch=1, n_hid=256, group_count=4, n_blk_per_group=2, n_init=128, vocab_size=8192,
+                        tau_steps=150_000, kl_warmup_steps=5_000)
+
+def _paper_dalle():
+    "The DALL·E paper's system: dVAE (32×32 of 8192 codes) + 64-layer sparse transformer (≈12B parameters)."
+    dalle = DalleConfig(text_vocab=16384, text_len=256, image_codes=8192, image_grid=32, d_model=3968, layers=64, heads=62,
+                        conv_kernel=11)
+    dvae_stage = StageConfig(steps=3_000_000, batch_size=512, lr=1e-4, warmup_steps=0, decay="cosine", min_lr_ratio=0.0125,
+                             b1=0.9, b2=0.999, weight_decay=1e-4, log_every=1000, eval_every=10_000, ckpt_every=10_000)
+    dalle_stage = StageConfig(steps=430_000, batch_size=1024, lr=4.5e-4, warmup_steps=5_000, decay="cosine", b1=0.9, b2=0.96,
+                              weight_decay=4.5e-2, grad_clip=4.0, log_every=100, eval_every=2000, ckpt_every=2000)
+    return RunConfig(name="dalle", arch="dalle", image_tokenizer="dvae", vqgan=F16_VQGAN, dvae=PAPER_DVAE, dalle=dalle,
+                     bart=BartConfig(text_vocab=16384, image_codes=16384, image_vocab=16384, max_text_len=256, image_len=256),
+                     clip=CLIP_VIT_B32, dvae_train=dvae_stage, dalle_train=dalle_stage)
 
 PRESETS = {
     "tiny": lambda: RunConfig(
@@ -303,9 +440,13 @@ PRESETS = {
         bart_train=StageConfig(steps=5000, batch_size=64, lr=2e-3, warmup_steps=200, blank_caption_prob=0.2, weight_decay=0.01,
                                log_every=50, eval_every=500, ckpt_every=500),
         clip_train=StageConfig(steps=1000, batch_size=128, lr=1.5e-3, warmup_steps=100, log_every=50, eval_every=250, ckpt_every=500),
-        sample=SampleConfig(plausibility=0.05)),
+        sample=SampleConfig(plausibility=0.05),
+        dvae_train=StageConfig(steps=1500, batch_size=32, lr=5e-4, warmup_steps=100, log_every=50, eval_every=250, ckpt_every=500),
+        dalle_train=StageConfig(steps=2500, batch_size=64, lr=2e-3, warmup_steps=200, blank_caption_prob=0.2, weight_decay=0.01,
+                                log_every=50, eval_every=500, ckpt_every=500)),
     "mini": lambda: _published("mini", 1024, 12, 16, 2730, 50264, 16384),
     "mega": lambda: _published("mega", 2048, 24, 32, 4096, 50272, 16415),
+    "dalle": lambda: _paper_dalle(),
 }
 
 def get_config(preset: str = "tiny", overrides=()) -> RunConfig:

@@ -10,6 +10,7 @@ import math
 import numpy as np
 import jax, jax.numpy as jnp
 from tqdm.auto import tqdm
+from .sharding import RULES, batch_slice, to_host
 
 # %% auto #0
 __all__ = ['encode_images', 'Batches', 'blank_captions']
@@ -24,7 +25,7 @@ def encode_images(encode_fn, images, batch_size: int = 256, desc: str = "encodin
         chunk = images[i:i + batch_size]
         pad = batch_size - len(chunk) if n > batch_size else 0    # keep one compiled shape for the last chunk
         if pad: chunk = np.concatenate([chunk, np.repeat(chunk[-1:], pad, 0)])
-        ids = np.asarray(encode_fn(chunk))
+        ids = to_host(encode_fn(chunk))
         out.append(ids[:len(ids) - pad] if pad else ids)
     return np.concatenate(out).astype(np.int32)
 
@@ -58,11 +59,20 @@ class Batches:
         self.step += 1
         return {k: np.asarray(v[idx]) for k, v in self.arrays.items()}
 
-    def state(self) -> dict: return {"step": self.step, "seed": self.seed}
+    def state(self) -> dict:
+        "Where the iterator is: the global step and the seed (JSON; the same in every process)."
+        return {"step": self.step, "seed": self.seed}
+
     def restore(self, state: dict):
         "Continue from a `state()` snapshot."
         if state["seed"] != self.seed: raise ValueError(f"Batches: checkpoint was drawn with seed {state['seed']}, not {self.seed}")
         self.step = int(state["step"]); return self
+
+    @classmethod
+    def on_mesh(cls, arrays: dict, batch_size: int, mesh, seed: int = 0, rules=RULES) -> "Batches":
+        "Batches of `batch_size` rows in all, this process reading only the rows its devices of `mesh` hold."
+        index, count = batch_slice(mesh, batch_size, rules)
+        return cls(arrays, batch_size, seed=seed, process_index=index, process_count=count)
 
 # %% ../nbs/10_data.ipynb #2ab2941f
 def blank_captions(text_ids, blank_row, prob: float, key):

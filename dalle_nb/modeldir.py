@@ -17,12 +17,20 @@ from .weights import load_params, save_params, WeightsError
 from .vqgan import VQGAN
 from .bart import DalleBart
 from .clip import CLIP
+from .dvae import DVAE
+from .dalle import DalleTransformer
 
 # %% auto #0
-__all__ = ['MODEL_FILES', 'ModelDirError', 'default_model_dir', 'Models', 'save_models', 'load_models', 'micro_models']
+__all__ = ['MODEL_FILES', 'required_files', 'ModelDirError', 'default_model_dir', 'Models', 'save_models', 'load_models',
+           'micro_models']
 
 # %% ../nbs/10a_modeldir.ipynb #ec3bac07
-MODEL_FILES = ("config.json", "tokenizer.json", "vqgan.msgpack", "bart.msgpack")
+MODEL_FILES = ("config.json", "tokenizer.json", "vqgan.msgpack", "bart.msgpack")   # what a DALL·E Mega-style directory needs
+_CLASSES = {"vqgan": VQGAN, "dvae": DVAE, "bart": DalleBart, "dalle": DalleTransformer, "clip": CLIP}
+
+def required_files(cfg: RunConfig) -> tuple:
+    "The files a model directory built from `cfg` must hold: config, tokenizer, its image tokenizer and its transformer."
+    return ("config.json", "tokenizer.json", f"{cfg.image_tokenizer}.msgpack", f"{cfg.arch}.msgpack")
 
 class ModelDirError(ValueError):
     "A model directory that is missing, incomplete or does not match its own config."
@@ -42,13 +50,27 @@ class Models:
     clip: CLIP | None
     path: Path | None = None
     card: str = ""
+    clip_text: TextEncoder | None = None   # CLIP's tokenizer when it is not `text` (a converted OpenAI CLIP)
+    dvae: DVAE | None = None               # the DALL·E paper's image tokenizer (`image_tokenizer="dvae"`)
+    dalle: DalleTransformer | None = None  # the DALL·E paper's transformer (`arch="dalle"`)
+
+    @property
+    def image_tokenizer(self):
+        "The model that turns images into tokens and back, as the config chooses: the VQGAN or the dVAE."
+        return self.dvae if self.cfg.image_tokenizer == "dvae" else self.vqgan
+
+    @property
+    def transformer(self):
+        "The text → image-token model the config chooses: the BART (`arch='bart'`) or the DALL·E transformer."
+        return self.dalle if self.cfg.arch == "dalle" else self.bart
 
 def save_models(path, models: Models, card: str = "", dtype: str | None = "float16") -> Path:
     "Write `models` as a model directory (parameters stored in `dtype`, float16 by default)."
     path = Path(path); path.mkdir(parents=True, exist_ok=True)
     save_config(models.cfg, path / "config.json")
     models.text.save(path)
-    for name in ("vqgan", "bart", "clip"):
+    if models.clip_text is not None: models.clip_text.tokenizer.backend_tokenizer.save(str(path / "clip_tokenizer.json"))
+    for name in _CLASSES:
         if getattr(models, name) is not None: save_params(getattr(models, name), path / f"{name}.msgpack", dtype=dtype)
     if card: (path / "MODEL_CARD.md").write_text(card)
     return path
@@ -57,22 +79,27 @@ def load_models(path=None) -> Models:
     "Load a model directory (default: the shipped shapes model); one clear `ModelDirError` for anything wrong."
     path = Path(path) if path is not None else default_model_dir()
     if not path.is_dir(): raise ModelDirError(f"model directory {path} does not exist")
-    missing = [f for f in MODEL_FILES if not (path / f).exists()]
+    missing = [f for f in MODEL_FILES[:2] if not (path / f).exists()]
+    if missing: raise ModelDirError(f"model directory {path} is missing {', '.join(missing)}")
+    try: cfg = load_config(path / "config.json")
+    except (ValueError, FileNotFoundError, OSError) as e: raise ModelDirError(f"model directory {path}: {e}") from None
+    missing = [f for f in required_files(cfg) if not (path / f).exists()]
     if missing: raise ModelDirError(f"model directory {path} is missing {', '.join(missing)}")
     try:
-        cfg = load_config(path / "config.json")
-        text = TextEncoder.load(path / "tokenizer.json", max_len=cfg.bart.max_text_len)
-        if text.vocab_size > cfg.bart.text_vocab:
-            raise ModelDirError(f"{path / 'tokenizer.json'}: {text.vocab_size} tokens but the BART reads only {cfg.bart.text_vocab}")
+        text = TextEncoder.load(path / "tokenizer.json", max_len=cfg.text_len, normalizer=cfg.bart.text_normalizer)
+        clip_text = (TextEncoder.load(path / "clip_tokenizer.json", max_len=cfg.clip.text_len, normalizer="none")
+                     if (path / "clip_tokenizer.json").exists() else None)
+        if text.vocab_size > cfg.text_vocab:
+            raise ModelDirError(f"{path / 'tokenizer.json'}: {text.vocab_size} tokens but the {'BART' if cfg.arch == 'bart' else 'DALL·E transformer'} reads only {cfg.text_vocab}")
         build = lambda cls, c: nnx.eval_shape(lambda: cls(c, rngs=nnx.Rngs(0)))
-        vqgan = load_params(_materialise(build(VQGAN, cfg.vqgan)), path / "vqgan.msgpack")
-        bart = load_params(_materialise(build(DalleBart, cfg.bart)), path / "bart.msgpack")
-        clip = load_params(_materialise(build(CLIP, cfg.clip)), path / "clip.msgpack") if (path / "clip.msgpack").exists() else None
+        # the models the config names are required (checked above); the others are loaded when present
+        loaded = {n: load_params(_materialise(build(cls, getattr(cfg, n))), path / f"{n}.msgpack") if (path / f"{n}.msgpack").exists() else None
+                  for n, cls in _CLASSES.items()}
     except (ValueError, FileNotFoundError, OSError) as e:
         if isinstance(e, ModelDirError): raise
         raise ModelDirError(f"model directory {path}: {e}") from None
     card = (path / "MODEL_CARD.md").read_text() if (path / "MODEL_CARD.md").exists() else ""
-    return Models(cfg, text, vqgan, bart, clip, path, card)
+    return Models(cfg, text, loaded["vqgan"], loaded["bart"], loaded["clip"], path, card, clip_text, loaded["dvae"], loaded["dalle"])
 
 def _materialise(abstract):
     "Turn an abstract (`eval_shape`) module into one with zero-filled arrays, ready for `load_params`."

@@ -14,13 +14,13 @@ import jax, jax.numpy as jnp
 from flax import nnx
 from .config import RunConfig, load_config, save_config
 from .text import TextEncoder, normalize_text
-from .images import image_grid, save_png, to_uint8
+from .images import image_grid, save_png, to_uint8, to_float, load_image, center_crop_resize
 from .modeldir import Models, load_models, ModelDirError
 from .clip import clip_scores
 from .sample import generate as sample_tokens, row_keys
 
 # %% auto #0
-__all__ = ['Result', 'PromptError', 'Pipeline', 'generate', 'widget']
+__all__ = ['Result', 'PromptError', 'Pipeline', 'show_completions', 'generate', 'widget']
 
 # %% ../nbs/13_pipeline.ipynb #ae56c0a0
 @dataclass
@@ -52,22 +52,23 @@ class Pipeline:
         self.models = models if isinstance(models, Models) else load_models(models)
         self.cfg, self.batch_size = self.models.cfg, batch_size
         self._decode = nnx.jit(lambda m, ids: m.decode(ids))
+        self._encode = nnx.jit(lambda m, x: m.encode(x))
         self._score = nnx.jit(clip_scores) if self.models.clip is not None else None
 
     def encode_prompt(self, prompt: str) -> np.ndarray:
         "Text ids `[1, max_text_len]` of `prompt`; `PromptError` if nothing is left after normalisation."
         if not isinstance(prompt, str): raise PromptError(f"prompt must be a string, got {type(prompt).__name__}")
-        if not normalize_text(prompt): raise PromptError("the prompt is empty (after removing emoji, control characters and spaces)")
+        if not self.models.text.normalize(prompt).strip(): raise PromptError("the prompt is empty (after removing emoji, control characters and spaces)")
         ids = np.asarray(self.models.text([prompt]))
-        n_full = len(self.models.text.tokenizer(normalize_text(prompt))["input_ids"])
+        n_full = len(self.models.text.tokenizer(self.models.text.normalize(prompt))["input_ids"])
         if n_full > ids.shape[1]:
             warnings.warn(f"prompt truncated: it has {n_full} tokens, the model reads {ids.shape[1]}")
         return ids
 
     def __call__(self, prompt: str, n: int | None = None, rerank: int | None = None, cond_scale: float | None = None,
                  seed: int = 0, temperature: float | None = None, top_k: int | None = None, top_p: float | None = None,
-                 plausibility: float | None = None, progress=None) -> Result:
-        "Sample `n` candidates for `prompt`, rank them with CLIP, return the best `rerank` (0 = all, unranked)."
+                 plausibility: float | None = None, progress=None, image_prompt=None, keep_rows: int | None = None) -> Result:
+        "Sample `n` candidates for `prompt` (completing the top `keep_rows` token rows of `image_prompt` if given), rank them with CLIP, return the best `rerank`."
         s = self.cfg.sample
         n = s.n_candidates if n is None else int(n)
         rerank = min(s.rerank, n) if rerank is None else int(rerank)
@@ -79,18 +80,44 @@ class Pipeline:
                         top_k=int(s.top_k if top_k is None else top_k), top_p=float(s.top_p if top_p is None else top_p),
                         plausibility=float(s.plausibility if plausibility is None else plausibility))
         t0 = time.perf_counter()
+        prefix, keep = self.image_prompt(image_prompt, keep_rows)
+        if prefix is not None: settings.update(keep_rows=int(keep_rows if keep_rows is not None else self.grid // 2),
+                                               image_prompt=str(image_prompt) if isinstance(image_prompt, (str, Path)) else "array")
         ids = self.encode_prompt(prompt)
-        tokens = self.sample(ids, n, **{k: settings[k] for k in ("seed", "cond_scale", "temperature", "top_k", "top_p", "plausibility")})
+        tokens = self.sample(ids, n, **{k: settings[k] for k in ("seed", "cond_scale", "temperature", "top_k", "top_p", "plausibility")},
+                             prefix=prefix, keep=keep)
         images = self.decode(tokens)
         order, scores = np.arange(n), None
         if rerank:
-            scores = np.asarray(self.score(images, ids))
+            clip_ids = ids if self.models.clip_text is None else self.models.clip_text([prompt])   # OpenAI CLIP: its own tokenizer
+            scores = np.asarray(self.score(images, clip_ids))
             order = np.argsort(-scores, kind="stable")[:rerank]
             scores = scores[order]
         return Result(prompt, to_uint8(images[order]), scores, tokens[order], order, settings, time.perf_counter() - t0)
 
-    def sample(self, text_ids, n: int, seed=0, cond_scale=1.0, temperature=1.0, top_k=0, top_p=1.0, plausibility=0.0) -> np.ndarray:
-        "Token ids `[n, image_len]` for one prompt's ids `[1, S]`, in fixed-size chunks."
+    @property
+    def grid(self) -> int: return self.models.cfg.tokenizer_cfg.grid
+
+    def encode_image(self, image) -> np.ndarray:
+        "Token ids `[1, image_len]` of one image (uint8 or [0, 1] float `[H, W, 3]`, or an image file), resized to the tokenizer's resolution."
+        res = self.models.cfg.tokenizer_cfg.resolution
+        img = load_image(image, size=res) if isinstance(image, (str, Path)) else np.asarray(image)
+        if img.ndim != 3 or img.shape[-1] != 3: raise ValueError(f"image prompt: expected an [H, W, 3] RGB image, got shape {img.shape}")
+        if img.shape[:2] != (res, res): img = center_crop_resize(img, res)
+        return np.asarray(self._encode(self.models.image_tokenizer, jnp.asarray(to_float(img))[None]))
+
+    def image_prompt(self, image, keep_rows: int | None):
+        "`(prefix ids [1, image_len], tokens to keep)` for an image prompt (`(None, 0)` without one); `keep_rows` defaults to half the grid."
+        if image is None:
+            if keep_rows: raise ValueError("keep_rows needs an image prompt (the image whose top rows are kept)")
+            return None, 0
+        keep_rows = self.grid // 2 if keep_rows is None else int(keep_rows)
+        if not 0 <= keep_rows <= self.grid: raise ValueError(f"keep_rows must be between 0 and the token grid's {self.grid} rows, got {keep_rows}")
+        return self.encode_image(image), keep_rows * self.grid
+
+    def sample(self, text_ids, n: int, seed=0, cond_scale=1.0, temperature=1.0, top_k=0, top_p=1.0, plausibility=0.0,
+               prefix=None, keep: int = 0) -> np.ndarray:
+        "Token ids `[n, image_len]` for one prompt's ids `[1, S]`, in fixed-size chunks; the first `keep` are `prefix`'s `[1, image_len]`."
         keys = row_keys(seed, n)
         bs = min(self.batch_size, n)
         blank = np.asarray(self.models.text.blank(1))
@@ -99,20 +126,33 @@ class Pipeline:
             k = keys[i:i + bs]
             pad = bs - k.shape[0]
             if pad: k = jnp.concatenate([k, keys[:pad]])
-            toks = sample_tokens(self.models.bart, np.repeat(text_ids, bs, 0), k, blank_ids=np.repeat(blank, bs, 0),
-                                 cond_scale=cond_scale, temperature=temperature, top_k=top_k, top_p=top_p, plausibility=plausibility)
+            toks = sample_tokens(self.models.transformer, np.repeat(text_ids, bs, 0), k, blank_ids=np.repeat(blank, bs, 0),
+                                 cond_scale=cond_scale, temperature=temperature, top_k=top_k, top_p=top_p, plausibility=plausibility,
+                                 prefix=None if prefix is None else np.repeat(prefix, bs, 0), keep=keep)
             out.append(np.asarray(toks)[:bs - pad])
         return np.concatenate(out)
 
     def decode(self, tokens) -> np.ndarray:
-        "VQGAN images in [0, 1] for token ids `[n, image_len]`."
-        return np.concatenate([np.asarray(self._decode(self.models.vqgan, jnp.asarray(tokens[i:i + self.batch_size])))
+        "Images in [0, 1] for token ids `[n, image_len]`, decoded by the image tokenizer (VQGAN or dVAE)."
+        return np.concatenate([np.asarray(self._decode(self.models.image_tokenizer, jnp.asarray(tokens[i:i + self.batch_size])))
                                for i in range(0, len(tokens), self.batch_size)])
 
     def score(self, images, text_ids) -> np.ndarray:
         "CLIP scores of `images` against one prompt's ids."
         return np.concatenate([np.asarray(self._score(self.models.clip, jnp.asarray(images[i:i + self.batch_size]), jnp.asarray(text_ids)))
                                for i in range(0, len(images), self.batch_size)])
+
+# %% ../nbs/13_pipeline.ipynb #fc4239cf
+def show_completions(pipe: Pipeline, image, completions: dict, keep_rows: int, title: str = ""):
+    "The image prompt, what the model was given of it, and each caption's completions (one row per caption)."
+    from dalle_nb.images import show_images
+    given = pipe.decode(pipe.encode_image(image))[0].copy()
+    h = given.shape[0] * keep_rows // pipe.grid
+    given[h:] = 0.85                                                         # what the model did not see: grey
+    rows = [np.stack([to_float(image), given, *[to_float(i) for i in r.images]]) for r in completions.values()]
+    k = len(rows[0])
+    titles = [t for c in completions for t in ("original", f"top {keep_rows} rows", *[c] + [""] * (k - 3))]
+    return show_images(np.concatenate(rows), titles=titles, ncols=k, title=title)
 
 # %% ../nbs/13_pipeline.ipynb #8e9e0ebf
 _PIPELINES: dict = {}
@@ -135,19 +175,38 @@ def widget(pipe: Pipeline | None = None):
     s = pipe.cfg.sample
     prompt = W.Text(value="a large red circle", description="prompt", layout=W.Layout(width="480px"))
     scale = W.FloatSlider(value=s.cond_scale, min=1.0, max=10.0, step=0.5, description="cond scale")
-    topk = W.IntSlider(value=s.top_k, min=0, max=pipe.cfg.bart.image_codes, step=8, description="top-k (0=off)")
+    topk = W.IntSlider(value=s.top_k, min=0, max=pipe.cfg.model_cfg.image_codes, step=8, description="top-k (0=off)")
     temp = W.FloatSlider(value=s.temperature, min=0.1, max=2.0, step=0.05, description="temperature")
     plaus = W.FloatSlider(value=s.plausibility, min=0.0, max=0.5, step=0.01, description="plausibility")
     n = W.IntSlider(value=s.n_candidates, min=1, max=32, description="candidates")
     keep = W.IntSlider(value=min(s.rerank, s.n_candidates), min=0, max=32, description="keep best (0=all)")
     seed = W.IntText(value=0, description="seed")
+    upload = W.FileUpload(accept="image/*", multiple=False, description="image prompt")
+    rows = W.IntSlider(value=pipe.grid // 2, min=0, max=pipe.grid, description="keep rows")
+    clear = W.Button(description="no image prompt")
     button, out, status = W.Button(description="Generate", button_style="primary"), W.Output(), W.Label()
+    panel_state = {"image": None}                # an image prompt set from code (`panel.set_image_prompt`) or uploaded
+
+    def image_prompt():
+        if upload.value:                         # ipywidgets 8: a tuple of {name, content, ...}
+            import io
+            from PIL import Image
+            item = upload.value[0] if isinstance(upload.value, (tuple, list)) else next(iter(upload.value.values()))
+            return np.asarray(Image.open(io.BytesIO(bytes(item["content"]))).convert("RGB"))
+        return panel_state["image"]
+
+    def forget(_=None):
+        upload.value = () if isinstance(upload.value, tuple) else upload.value.__class__()
+        panel_state["image"] = None
+    clear.on_click(forget)
 
     def run(_=None):
         out.clear_output(wait=True)
         try:
+            img = image_prompt()
             r = pipe(prompt.value, n=n.value, rerank=min(keep.value, n.value), cond_scale=scale.value, seed=seed.value,
-                     temperature=temp.value, top_k=topk.value, plausibility=plaus.value)
+                     temperature=temp.value, top_k=topk.value, plausibility=plaus.value, image_prompt=img,
+                     keep_rows=rows.value if img is not None else None)
         except ValueError as e:
             status.value = f"⚠ {e}"; return
         status.value = f"{len(r.images)} image(s) in {r.seconds:.1f}s"
@@ -157,6 +216,9 @@ def widget(pipe: Pipeline | None = None):
         return r
 
     button.on_click(run)
-    panel = W.VBox([prompt, W.HBox([scale, topk]), W.HBox([temp, plaus]), W.HBox([n, keep]), W.HBox([seed]), W.HBox([button, status]), out])
+    panel = W.VBox([prompt, W.HBox([scale, topk]), W.HBox([temp, plaus]), W.HBox([n, keep]), W.HBox([seed]),
+                    W.HBox([upload, rows, clear]), W.HBox([button, status]), out])
     panel.run = run           # for scripted use and tests
+    panel.set_image_prompt = lambda image: panel_state.update(image=image)   # from code, instead of uploading
+    panel.keep_rows = rows
     return panel

@@ -11,6 +11,7 @@ import jax, jax.numpy as jnp
 import numpy as np
 from flax import nnx
 from .bart import DalleBart, text_mask
+from .dalle import DalleTransformer
 
 # %% auto #0
 __all__ = ['filter_logits', 'supercondition', 'keep_plausible', 'generate', 'row_keys']
@@ -44,10 +45,21 @@ def keep_plausible(cond, mixed, alpha):
     return jnp.where(keep, mixed.astype(jnp.float32), jnp.finfo(jnp.float32).min)
 
 # %% ../nbs/12_sample.ipynb #35ad593e
-def _generate(model: DalleBart, text_ids, blank_ids, keys, cond_scale, temperature, top_p, plausibility, top_k: int,
-              guided: bool, nucleus: bool, guard: bool):
+def _draw(logits, t, keys, codes: int, cond_scale, temperature, top_p, plausibility, top_k: int, guided: bool,
+          nucleus: bool, guard: bool):
+    "Token `t` of every row: mix the conditional and unconditional halves of `logits`, guard, filter, sample."
+    logits = logits[:, :codes]                                     # never BOS or padding ids
+    B = keys.shape[0]
+    cond = logits[:B]
+    if guided: logits = supercondition(cond, logits[B:], cond_scale)
+    if guard: logits = keep_plausible(cond, logits, plausibility)
+    logits = filter_logits(logits, temperature=temperature, top_k=top_k, top_p=top_p if nucleus else None)
+    step_keys = jax.vmap(jax.random.fold_in, in_axes=(0, None))(keys, t)
+    return jax.vmap(jax.random.categorical)(step_keys, logits).astype(jnp.int32)
+
+def _generate(model: DalleBart, text_ids, blank_ids, keys, prefix, n_keep, cond_scale, temperature, top_p, plausibility,
+              top_k: int, guided: bool, nucleus: bool, guard: bool, prefixed: bool):
     cfg = model.cfg
-    B = text_ids.shape[0]
     rows = jnp.concatenate([text_ids, blank_ids]) if guided else text_ids
     mask = text_mask(rows, cfg.pad_id)
     cache = model.decoder.init_cache(model.encoder(rows), mask)
@@ -55,24 +67,39 @@ def _generate(model: DalleBart, text_ids, blank_ids, keys, cond_scale, temperatu
     def step(carry, t):
         cache, prev = carry
         logits, cache = model.decoder.step(jnp.concatenate([prev, prev]) if guided else prev, t, cache, mask)
-        logits = logits[:, :cfg.image_codes]                       # never BOS or padding ids
-        cond = logits[:B]
-        if guided: logits = supercondition(cond, logits[B:], cond_scale)
-        if guard: logits = keep_plausible(cond, logits, plausibility)
-        logits = filter_logits(logits, temperature=temperature, top_k=top_k, top_p=top_p if nucleus else None)
-        step_keys = jax.vmap(jax.random.fold_in, in_axes=(0, None))(keys, t)
-        tok = jax.vmap(jax.random.categorical)(step_keys, logits).astype(jnp.int32)
+        tok = _draw(logits, t, keys, cfg.image_codes, cond_scale, temperature, top_p, plausibility, top_k, guided, nucleus, guard)
+        if prefixed: tok = jnp.where(t < n_keep, prefix[:, t], tok)   # image prompt: the given tokens, not drawn ones
         return (cache, tok), tok
 
-    start = jnp.full((B,), cfg.bos_id, jnp.int32)
+    start = jnp.full((text_ids.shape[0],), cfg.bos_id, jnp.int32)
     _, toks = jax.lax.scan(step, (cache, start), jnp.arange(cfg.image_len, dtype=jnp.int32))
     return toks.T
 
-_generate_jit = nnx.jit(_generate, static_argnames=("top_k", "guided", "nucleus", "guard"))
+def _generate_dalle(model: DalleTransformer, text_ids, blank_ids, keys, prefix, n_keep, cond_scale, temperature, top_p,
+                    plausibility, top_k: int, guided: bool, nucleus: bool, guard: bool, prefixed: bool):
+    "The same loop for the DALL·E paper's decoder-only transformer: the caption fills the cache once, then one image token per step."
+    cfg = model.cfg
+    rows = jnp.concatenate([text_ids, blank_ids]) if guided else text_ids
+    logits, cache = model.prefill(rows)
 
-def generate(model: DalleBart, text_ids, keys, *, blank_ids=None, cond_scale: float = 1.0, temperature: float = 1.0,
-             top_k: int = 0, top_p: float = 1.0, plausibility: float = 0.0):
-    "Sample image token ids `[B, image_len]` for `B` rows of text ids, one PRNG key per row, in one compiled program."
+    def step(carry, t):
+        cache, logits = carry
+        tok = _draw(logits, t, keys, cfg.image_codes, cond_scale, temperature, top_p, plausibility, top_k, guided, nucleus, guard)
+        if prefixed: tok = jnp.where(t < n_keep, prefix[:, t], tok)
+        logits, cache = model.step(jnp.concatenate([tok, tok]) if guided else tok, t, cache)
+        return (cache, logits), tok
+
+    _, toks = jax.lax.scan(step, (cache, logits), jnp.arange(cfg.image_len, dtype=jnp.int32))
+    return toks.T
+
+_STATIC = ("top_k", "guided", "nucleus", "guard", "prefixed")
+_generate_jit = nnx.jit(_generate, static_argnames=_STATIC)
+_generate_dalle_jit = nnx.jit(_generate_dalle, static_argnames=_STATIC)
+
+def generate(model: DalleBart | DalleTransformer, text_ids, keys, *, blank_ids=None, cond_scale: float = 1.0,
+             temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, plausibility: float = 0.0, prefix=None, keep: int = 0):
+    "Sample image token ids `[B, image_len]` for `B` rows of text ids, one PRNG key per row, in one compiled program; the first `keep` tokens are `prefix`'s."
+    if not isinstance(model, (DalleBart, DalleTransformer)): raise TypeError(f"generate: expected a DalleBart or a DalleTransformer, got {type(model).__name__}")
     text_ids = jnp.asarray(text_ids, jnp.int32)
     if text_ids.ndim != 2: raise ValueError(f"generate: text_ids must be [B, S], got shape {text_ids.shape}")
     if keys.shape[0] != text_ids.shape[0]: raise ValueError(f"generate: {text_ids.shape[0]} rows but {keys.shape[0]} keys")
@@ -84,9 +111,20 @@ def generate(model: DalleBart, text_ids, keys, *, blank_ids=None, cond_scale: fl
     if guided and blank_ids is None: raise ValueError("generate: cond_scale != 1 needs blank_ids (the empty caption's ids)")
     blank_ids = jnp.asarray(blank_ids if guided else text_ids, jnp.int32)
     if blank_ids.shape != text_ids.shape: raise ValueError(f"generate: blank_ids shape {blank_ids.shape} != text_ids shape {text_ids.shape}")
-    return _generate_jit(model, text_ids, blank_ids, keys, jnp.float32(cond_scale), jnp.float32(temperature),
-                         jnp.float32(top_p), jnp.float32(max(plausibility, 1e-30)), top_k=int(top_k), guided=guided,
-                         nucleus=float(top_p) < 1.0, guard=float(plausibility) > 0)
+    n = model.cfg.image_len
+    if not 0 <= keep <= n: raise ValueError(f"generate: keep must be between 0 and image_len={n}, got {keep}")
+    if keep:
+        if prefix is None: raise ValueError("generate: keep > 0 needs prefix (the image prompt's token ids)")
+        prefix = jnp.asarray(prefix, jnp.int32)
+        if prefix.shape != (text_ids.shape[0], n): raise ValueError(f"generate: prefix must be [{text_ids.shape[0]}, {n}] token ids, got shape {prefix.shape}")
+        if int(prefix[:, :keep].min()) < 0 or int(prefix[:, :keep].max()) >= model.cfg.image_codes:
+            raise ValueError(f"generate: prefix ids must be in [0, {model.cfg.image_codes})")
+    else:
+        prefix = jnp.zeros((1, 1), jnp.int32)                  # unused: the loop compiles without the prompt
+    run = _generate_dalle_jit if isinstance(model, DalleTransformer) else _generate_jit
+    return run(model, text_ids, blank_ids, keys, prefix, jnp.int32(keep), jnp.float32(cond_scale), jnp.float32(temperature),
+               jnp.float32(top_p), jnp.float32(max(plausibility, 1e-30)), top_k=int(top_k), guided=guided,
+               nucleus=float(top_p) < 1.0, guard=float(plausibility) > 0, prefixed=keep > 0)
 
 def row_keys(seed: int, n: int):
     "The PRNG keys of images `0..n-1` for `seed`: `fold_in(key(seed), i)`."

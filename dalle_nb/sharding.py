@@ -1,4 +1,4 @@
-"""What pjit was: one rules table maps the models' logical axis names onto a device mesh; `jax.jit` with `NamedSharding`s does the rest.
+"""What pjit was: one rules table maps the models' logical axis names onto a device mesh; `jax.jit` with `NamedSharding`s does the rest — on one device, on a TPU v3-256, or on several processes.
 
 Docs: https://dalle-nb.github.io/dalle_nb/sharding.html.md"""
 
@@ -6,18 +6,21 @@ Docs: https://dalle-nb.github.io/dalle_nb/sharding.html.md"""
 
 # %% ../nbs/08_sharding.ipynb #be8d6476
 from __future__ import annotations
-import contextlib
+import contextlib, os, re
 from functools import partial
 import numpy as np
 import jax, jax.numpy as jnp
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P, AxisType
+from jax.experimental import mesh_utils, multihost_utils
 from flax import nnx
 from flax.core import spmd as flax_spmd
 from .layers import LOGICAL_AXES, logical_to_spec
 
 # %% auto #0
-__all__ = ['MESH_AXES', 'RULES', 'make_mesh', 'use_mesh', 'state_specs', 'fit_spec', 'state_shardings', 'sharded_init',
-           'batch_sharding', 'shard_batch']
+__all__ = ['MESH_AXES', 'RULES', 'unnamed_params', 'make_mesh', 'parse_mesh', 'mesh_from_spec', 'use_mesh', 'state_specs',
+           'fit_spec', 'state_shardings', 'sharded_init', 'bytes_per_device', 'partition_specs', 'batch_sharding',
+           'data_shards', 'shard_batch', 'batch_slice', 'global_batch', 'distributed_settings', 'init_distributed',
+           'is_primary', 'to_host', 'place']
 
 # %% ../nbs/08_sharding.ipynb #bf5634eb
 MESH_AXES = ("dp", "fsdp", "mp")
@@ -40,18 +43,53 @@ RULES = (
 assert {k for k, _ in RULES} == set(LOGICAL_AXES), "every logical axis needs a rule"
 
 # %% ../nbs/08_sharding.ipynb #cd1a83df
+def unnamed_params(module) -> list[str]:
+    "Paths of `module`'s parameters (rank ≥ 1) whose logical axis names are missing or of the wrong length."
+    bad = []
+    for path, v in nnx.to_flat_state(nnx.state(module, nnx.Param)):
+        names = v.get_metadata().get("out_sharding")
+        if len(v.shape) and (names is None or len(tuple(names)) != len(v.shape)):
+            bad.append("/".join(map(str, path)))
+    return bad
+
+# %% ../nbs/08_sharding.ipynb #958361ca
 def make_mesh(dp: int = -1, fsdp: int = 1, mp: int = 1, devices=None) -> Mesh:
-    "A `('dp','fsdp','mp')` mesh over `devices` (default: all); one size may be -1 (the rest)."
-    devices = np.asarray(jax.devices() if devices is None else devices)
+    "A `('dp','fsdp','mp')` mesh over `devices` (default: all, in the hardware's preferred order); one size may be -1 (the rest)."
+    devs = jax.devices() if devices is None else list(np.asarray(devices).ravel())
     sizes = [dp, fsdp, mp]
     if sizes.count(-1) > 1: raise ValueError("make_mesh: at most one axis size may be -1")
+    if any(s == 0 or s < -1 for s in sizes): raise ValueError(f"make_mesh: axis sizes must be positive (or -1), got {sizes}")
     known = int(np.prod([s for s in sizes if s != -1]))
     if -1 in sizes:
-        if devices.size % known: raise ValueError(f"make_mesh: {devices.size} devices do not divide into {sizes}")
-        sizes[sizes.index(-1)] = devices.size // known
-    if int(np.prod(sizes)) != devices.size:
-        raise ValueError(f"make_mesh: dp×fsdp×mp = {sizes} needs {int(np.prod(sizes))} devices, have {devices.size}")
-    return Mesh(devices.reshape(sizes), MESH_AXES, axis_types=(AxisType.Auto,) * 3)
+        if len(devs) % known: raise ValueError(f"make_mesh: {len(devs)} devices do not divide into {sizes}")
+        sizes[sizes.index(-1)] = len(devs) // known
+    if int(np.prod(sizes)) != len(devs):
+        raise ValueError(f"make_mesh: dp×fsdp×mp = {sizes} needs {int(np.prod(sizes))} devices, have {len(devs)}")
+    if devices is None: grid = mesh_utils.create_device_mesh(sizes, devs, allow_split_physical_axes=True)
+    else: grid = np.asarray(devs).reshape(sizes)
+    return Mesh(grid, MESH_AXES, axis_types=(AxisType.Auto,) * 3)
+
+def parse_mesh(spec: str) -> dict:
+    "`'dp=32,mp=8'` → `{'dp': 32, 'fsdp': 1, 'mp': 8}`; unnamed axes are 1, and `dp` is -1 (the rest) unless some axis is."
+    sizes = {}
+    for part in (p.strip() for p in (spec or "").split(",") if p.strip()):
+        m = re.fullmatch(r"(dp|fsdp|mp)\s*=\s*(-1|\d+)", part)
+        if m is None: raise ValueError(f"mesh {spec!r}: expected comma-separated dp=N, fsdp=N, mp=N (N a size or -1), got {part!r}")
+        if m[1] in sizes: raise ValueError(f"mesh {spec!r}: {m[1]} given twice")
+        sizes[m[1]] = int(m[2])
+    out = {"dp": sizes.get("dp", 1 if -1 in sizes.values() else -1), "fsdp": sizes.get("fsdp", 1), "mp": sizes.get("mp", 1)}
+    if list(out.values()).count(-1) > 1: raise ValueError(f"mesh {spec!r}: at most one axis may be -1")
+    return out
+
+def mesh_from_spec(spec: str, devices=None) -> Mesh:
+    "The mesh a layout string such as `'dp=-1,mp=8'` describes, over `devices` (default: all; without a -1, the first dp·fsdp·mp)."
+    sizes = parse_mesh(spec)
+    if devices is None and -1 not in sizes.values():
+        n = int(np.prod(list(sizes.values())))
+        if jax.process_count() > 1 and n != jax.device_count():
+            raise ValueError(f"mesh {spec!r}: {n} devices, but a run of {jax.process_count()} processes must use all {jax.device_count()}")
+        if n < jax.device_count(): devices = jax.devices()[:n]
+    return make_mesh(**sizes, devices=devices)
 
 @contextlib.contextmanager
 def use_mesh(mesh: Mesh, rules=RULES):
@@ -59,15 +97,17 @@ def use_mesh(mesh: Mesh, rules=RULES):
     with jax.set_mesh(mesh), flax_spmd.logical_axis_rules(rules):
         yield mesh
 
-# %% ../nbs/08_sharding.ipynb #958361ca
+# %% ../nbs/08_sharding.ipynb #6e55f04e
+def _names(v):
+    "The logical axis names an nnx Variable carries (None when it has none)."
+    return v.get_metadata().get("out_sharding") if isinstance(v, nnx.Variable) else None
+
 def state_specs(state, rules=RULES):
     "The `PartitionSpec` of every variable in an nnx `State` (abstract or concrete), from its logical names."
-    def spec(v):
-        names = v.get_metadata().get("out_sharding") if isinstance(v, nnx.Variable) else None
-        return logical_to_spec(names, rules) if names else P()
+    spec = lambda v: logical_to_spec(_names(v), rules) if _names(v) else P()
     return jax.tree.map(spec, state, is_leaf=lambda x: isinstance(x, nnx.Variable))
 
-def fit_spec(spec: P, shape, mesh: Mesh) -> P:
+def fit_spec(spec: P, shape, mesh) -> P:
     "Drop the mesh axes of any dimension of `shape` that they would not split evenly (that dimension stays whole)."
     def ok(dim, axes):
         if axes is None: return None
@@ -78,8 +118,7 @@ def fit_spec(spec: P, shape, mesh: Mesh) -> P:
 def state_shardings(state, mesh: Mesh, rules=RULES):
     "`NamedSharding`s on `mesh` for every variable in `state` (dimensions that don't divide evenly stay whole)."
     def one(v):
-        names = v.get_metadata().get("out_sharding") if isinstance(v, nnx.Variable) else None
-        spec = logical_to_spec(names, rules) if names else P()
+        spec = logical_to_spec(_names(v), rules) if _names(v) else P()
         return NamedSharding(mesh, fit_spec(spec, v.shape, mesh))
     return jax.tree.map(one, state, is_leaf=lambda x: isinstance(x, nnx.Variable))
 
@@ -93,15 +132,119 @@ def sharded_init(make, mesh: Mesh, rules=RULES):
         return nnx.merge(graphdef, init())
 
 # %% ../nbs/08_sharding.ipynb #f2a21b63
-def batch_sharding(mesh: Mesh, ndim: int, rules=RULES) -> NamedSharding:
+def bytes_per_device(state, shardings) -> float:
+    "The largest number of bytes any one device holds of `state` (abstract or concrete) laid out by `shardings`."
+    per = {}
+    def add(v, s):
+        for d, idx in s.devices_indices_map(tuple(v.shape)).items():
+            n = int(np.prod([len(range(*sl.indices(dim))) for sl, dim in zip(idx, v.shape)])) if v.shape else 1
+            per[d] = per.get(d, 0) + n * jnp.dtype(v.dtype).itemsize
+    jax.tree.map(add, state, shardings, is_leaf=lambda x: isinstance(x, nnx.Variable))
+    return max(per.values())
+
+# %% ../nbs/08_sharding.ipynb #07bbe4f5
+def _effective(axes, mesh):
+    "The mesh axes of one spec entry that really split (size > 1): None, one name, or a list of names."
+    kept = [a for a in ((axes,) if isinstance(axes, str) else axes or ()) if mesh.shape[a] > 1]
+    return None if not kept else kept[0] if len(kept) == 1 else kept
+
+def partition_specs(state, mesh_shape: dict, rules=RULES) -> dict:
+    "`{path: {'shape', 'names', 'spec'}}` for every variable of `state` on a mesh of `mesh_shape` axis sizes (no devices needed)."
+    unknown = set(mesh_shape) - set(MESH_AXES)
+    if unknown: raise ValueError(f"partition_specs: unknown mesh axes {sorted(unknown)}; the mesh axes are {MESH_AXES}")
+    mesh = jax.sharding.AbstractMesh(tuple(int(mesh_shape.get(a, 1)) for a in MESH_AXES), MESH_AXES, axis_types=(AxisType.Auto,) * 3)
+    out = {}
+    for path, v in nnx.to_flat_state(state):
+        names = _names(v)
+        spec = fit_spec(logical_to_spec(names, rules) if names else P(), v.shape, mesh)
+        out["/".join(map(str, path))] = {"shape": list(v.shape), "names": list(names) if names else None,
+                                         "spec": [_effective(a, mesh) for a in spec]}
+    return out
+
+# %% ../nbs/08_sharding.ipynb #6bff4303
+def batch_sharding(mesh: Mesh, ndim: int = 1, rules=RULES) -> NamedSharding:
     "The sharding of a batch array of rank `ndim`: its leading axis split like the logical `batch` axis."
     return NamedSharding(mesh, logical_to_spec(("batch",) + (None,) * (ndim - 1), rules))
 
+def data_shards(mesh: Mesh, rules=RULES) -> int:
+    "Into how many pieces `mesh` cuts the batch axis."
+    axes = logical_to_spec(("batch",), rules)[0]
+    return int(np.prod([mesh.shape[a] for a in ((axes,) if isinstance(axes, str) else axes or ())]))
+
 def shard_batch(batch, mesh: Mesh, rules=RULES):
     "Place every array of a (nested) batch on `mesh`, split along the leading axis."
+    n = data_shards(mesh, rules)
     def put(x):
         x = np.asarray(x)
-        n = int(np.prod([mesh.shape[a] for a in MESH_AXES if a in ("dp", "fsdp")]))
         if x.shape[0] % n: raise ValueError(f"shard_batch: batch of {x.shape[0]} does not split over {n} data-parallel devices")
         return jax.device_put(x, batch_sharding(mesh, x.ndim, rules))
     return jax.tree.map(put, batch)
+
+# %% ../nbs/08_sharding.ipynb #fb6979f4
+def batch_slice(mesh: Mesh, global_batch: int, rules=RULES) -> tuple[int, int]:
+    "`(index, count)`: this process's devices hold rows `[index·b, (index+1)·b)` of the global batch, `b = global_batch / count`."
+    n = data_shards(mesh, rules)
+    if global_batch % n: raise ValueError(f"batch of {global_batch} does not split over the {n} data-parallel devices of mesh {dict(mesh.shape)}")
+    index_map = batch_sharding(mesh, 1, rules).addressable_devices_indices_map((global_batch,))
+    rows = sorted({sl[0].indices(global_batch)[:2] for sl in index_map.values()})
+    start, stop = rows[0][0], rows[-1][1]
+    if any(a != b for (_, a), (b, _) in zip(rows, rows[1:])) or global_batch % (stop - start):
+        raise ValueError(f"process {jax.process_index()} holds non-contiguous rows {rows} of the batch on mesh {dict(mesh.shape)}")
+    return start // (stop - start), global_batch // (stop - start)
+
+def global_batch(local, mesh: Mesh, global_size: int, rules=RULES):
+    "Assemble each process's rows `local` (a pytree of arrays, leading axis = its rows) into global arrays split over the batch axis."
+    index, count = batch_slice(mesh, global_size, rules)
+    def put(x):
+        x = np.asarray(x)
+        if x.shape[0] * count != global_size:
+            raise ValueError(f"process {jax.process_index()}: got {x.shape[0]} rows, but holds {global_size // count} of the global batch of {global_size}")
+        return jax.make_array_from_process_local_data(batch_sharding(mesh, x.ndim, rules), x, (global_size, *x.shape[1:]))
+    return jax.tree.map(put, local)
+
+# %% ../nbs/08_sharding.ipynb #a7f99828
+def distributed_settings(coordinator=None, num_processes=None, process_id=None, env=None) -> dict | None:
+    "The `jax.distributed.initialize` arguments from the given values, else from `DALLE_NB_*` variables in `env`; None: one process."
+    env = os.environ if env is None else env
+    coordinator = coordinator or env.get("DALLE_NB_COORDINATOR") or None
+    num_processes = num_processes if num_processes is not None else env.get("DALLE_NB_NUM_PROCESSES")
+    process_id = process_id if process_id is not None else env.get("DALLE_NB_PROCESS_ID")
+    if coordinator is None:
+        if num_processes is not None or process_id is not None:
+            raise ValueError("distributed: --num-processes/--process-id need --coordinator HOST:PORT (or DALLE_NB_COORDINATOR)")
+        return None
+    if coordinator == "auto": return {}
+    if not re.fullmatch(r"[^\s:]+:\d+", coordinator): raise ValueError(f"distributed: coordinator must be HOST:PORT or 'auto', got {coordinator!r}")
+    try: n, i = int(num_processes), int(process_id)
+    except (TypeError, ValueError):
+        raise ValueError(f"distributed: --coordinator {coordinator} needs integer --num-processes and --process-id "
+                         f"(got {num_processes!r}, {process_id!r})") from None
+    if n < 1 or not 0 <= i < n: raise ValueError(f"distributed: process id {i} is not in [0, {n})")
+    return {"coordinator_address": coordinator, "num_processes": n, "process_id": i}
+
+def init_distributed(coordinator=None, num_processes=None, process_id=None) -> bool:
+    "Join a multi-process run if one is configured (arguments or `DALLE_NB_*` variables); returns whether it did."
+    settings = distributed_settings(coordinator, num_processes, process_id)
+    if settings is None: return False
+    jax.distributed.initialize(**settings)
+    return True
+
+def is_primary() -> bool:
+    "True in the process that writes files (process 0)."
+    return jax.process_index() == 0
+
+def to_host(x) -> np.ndarray:
+    "A numpy copy of `x`, gathered from every process when it is spread over several (call it in every process)."
+    if isinstance(x, jax.Array) and not x.is_fully_addressable:
+        return np.asarray(x) if x.is_fully_replicated else np.asarray(multihost_utils.process_allgather(x, tiled=True))
+    return np.asarray(x)
+
+# %% ../nbs/08_sharding.ipynb #3eb47fad
+def place(tree, shardings):
+    "`tree`'s arrays put on `shardings` (a tree of `NamedSharding`s matching `tree` or a prefix of it), in one or many processes."
+    def put(x, s):
+        if isinstance(x, jax.Array) and x.sharding == s: return x
+        if jax.process_count() == 1: return jax.device_put(x, s)
+        host = to_host(x)
+        return jax.make_array_from_callback(host.shape, s, lambda idx: host[idx])
+    return jax.tree.map(lambda s, sub: jax.tree.map(lambda x: put(x, s), sub), shardings, tree)

@@ -11,7 +11,8 @@ from pathlib import Path
 import numpy as np
 
 # %% auto #0
-__all__ = ['SPECIAL_TOKENS', 'normalize_text', 'train_tokenizer', 'TokenizerFileError', 'TextEncoder']
+__all__ = ['NORMALIZERS', 'SPECIAL_TOKENS', 'CLIP_SPECIAL', 'normalize_text', 'normalize_dalle_mini', 'train_tokenizer',
+           'TokenizerFileError', 'read_bpe_files', 'bart_tokenizer', 'clip_tokenizer', 'TextEncoder']
 
 # %% ../nbs/01_text.ipynb #f2c586f2
 _FANCY = str.maketrans({"‘": "'", "’": "'", "‚": "'", "‛": "'", "“": '"', "”": '"', "„": '"', "«": '"', "»": '"',
@@ -36,6 +37,65 @@ def normalize_text(text: str) -> str:
     text = re.sub(r"\(\s+", "(", text)
     return " ".join(text.split())
 
+# %% ../nbs/01_text.ipynb #f8b09cd7
+_TMP = "xtokx"                      # placeholder protecting characters from the punctuation rules (only letters)
+_LATIN = str.maketrans({"ß": "ss", "æ": "ae", "Æ": "AE", "œ": "oe", "Œ": "OE", "ø": "o", "Ø": "O", "ł": "l", "Ł": "L",
+                        "đ": "d", "Đ": "D", "ð": "d", "Ð": "D", "þ": "th", "Þ": "TH", "ı": "i", "‘": "'", "’": "'",
+                        "‚": "'", "‛": "'", "“": '"', "”": '"', "„": '"', "«": '"', "»": '"', "–": "-", "—": "-",
+                        "‐": "-", "‑": "-", "−": "-", "…": "...", "×": "x", "°": "deg", "⁄": "/",
+                        "\u00a0": " "})
+
+def _is_emoji(ch: str) -> bool:
+    "Pictographs, dingbats and other symbols that the `emoji` package would name."
+    o = ord(ch)
+    return unicodedata.category(ch) == "So" and (o >= 0x1F000 or 0x2600 <= o <= 0x27BF or 0x2B00 <= o <= 0x2BFF)
+
+def _spell_emoji(text: str) -> str:
+    "🐶 → `:dog_face:` (the Unicode name; `emoji.demojize` uses CLDR names, which mostly agree)."
+    return "".join(f":{unicodedata.name(c, '').lower().replace(' ', '_')}:" if _is_emoji(c) else c for c in text
+                   if c not in "\u200d\ufe0f")
+
+def _to_ascii(text: str) -> str:
+    "Accents folded, ligatures spelt out, anything without an ASCII form dropped (a small `unidecode`)."
+    text = unicodedata.normalize("NFKD", text).translate(_LATIN)      # after NFKD: ½ → 1⁄2 → 1/2
+    return "".join(c for c in text if ord(c) < 128)
+
+_DALLE_MINI_RULES = [            # (pattern, replacement), applied in order, after folding to lower-case ASCII
+    (r"<person>([,\s]*(and)*[,\s]*<person>)+", " people "),      # CC12M's anonymised people
+    (r"<person>", " a person "),
+    (r"\A\s*\[\d+\]|\[\d+\]\s*\Z", ""),                          # Wikipedia reference marks [12]
+    (r"<[^<]+?>", " "),                                           # HTML tags
+    (r"http\S+", ""),                                             # URLs
+    (r"(\d),(\d{3})", r"\1\2"), (r"(\d),(\d{3})", r"\1\2"),         # 1,000,000 → 1000000
+    (r"(\w)\.(\w)", rf"\1{_TMP}dot{_TMP}\2"),                         # protect 3.5 and e.g.
+    (r"'(?=([stdm]|(ll)|(re)|(ve))\b)", f"{_TMP}quote{_TMP}"),       # protect it's, we'll, they're
+    (r"(\d)/(\d)", rf"\1{_TMP}slash{_TMP}\2"),                         # protect dates 12/05
+    (r"(\w)-(\w)", r"\1 \2"),                                       # well-known → well known
+    (r"([%&/$*])", r" \1 "),
+    (r"#(\w+)", r"\1"),                                            # hashtags (not split into words here)
+    (r"[_#\\]", " "),
+    (r"['\"`]", ' " '),
+    (r"[()[\].,|:;?!=+~\-/{}]", ","),                                # all other punctuation becomes a comma
+    (f"{_TMP}dot{_TMP}", "."), (f"{_TMP}quote{_TMP}", "'"), (f"{_TMP}slash{_TMP}", "/"),
+    (r"(\D)(\1{3,})", r"\1"),                                         # coooool → col (but VIII stays)
+    (r'(\s*"+\s*)+', ' " '),
+    (r"(\s*,+\s*)+", ", "),
+    (r"\s+", " "),
+]
+_DALLE_MINI_RULES = [(re.compile(p), r) for p, r in _DALLE_MINI_RULES]
+
+def normalize_dalle_mini(text: str) -> str:
+    "Clean a prompt with dalle-mini's `TextNormalizer` rules (no downloaded data); the result starts with a space."
+    t = html.unescape(html.unescape(str(text)))
+    t = _to_ascii(_spell_emoji(t)).lower()
+    for pattern, repl in _DALLE_MINI_RULES: t = pattern.sub(repl, t)
+    t = t.strip()
+    if t.endswith(","): t = t[:-1]
+    if t.startswith(","): t = t[1:]
+    return " " + t.strip()
+
+NORMALIZERS = {"dalle_nb": normalize_text, "dalle_mini": normalize_dalle_mini, "none": lambda text: str(text)}
+
 # %% ../nbs/01_text.ipynb #2ae3744d
 SPECIAL_TOKENS = ("<s>", "<pad>", "</s>", "<unk>")
 
@@ -56,17 +116,86 @@ def train_tokenizer(texts, vocab_size: int = 512, min_frequency: int = 2):
 class TokenizerFileError(ValueError):
     "A tokenizer file that is missing or unreadable."
 
+def read_bpe_files(vocab_path, merges_path) -> tuple[dict, list]:
+    "The `{token: id}` vocabulary and the list of `(left, right)` merges, checked; `TokenizerFileError` naming the file."
+    vocab_path, merges_path = Path(vocab_path), Path(merges_path)
+    for p in (vocab_path, merges_path):
+        if not p.exists(): raise TokenizerFileError(f"{p}: no such file")
+    try: vocab = json.loads(vocab_path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e: raise TokenizerFileError(f"{vocab_path}: not a JSON vocabulary ({e})") from None
+    if not isinstance(vocab, dict) or not all(isinstance(i, int) for i in vocab.values()):
+        raise TokenizerFileError(f"{vocab_path}: expected a mapping from token to integer id")
+    if sorted(vocab.values()) != list(range(len(vocab))):
+        raise TokenizerFileError(f"{vocab_path}: ids are not 0..{len(vocab) - 1} without gaps or repeats")
+    merges = []
+    for n, line in enumerate(merges_path.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip() or (n == 1 and line.startswith("#version")): continue
+        parts = line.split(" ")
+        if len(parts) != 2: raise TokenizerFileError(f"{merges_path}:{n}: expected 'left right', got {line!r}")
+        missing = [t for t in (parts[0], parts[1], parts[0] + parts[1]) if t not in vocab]
+        if missing: raise TokenizerFileError(f"{merges_path}:{n}: merge {line!r} uses {missing[0]!r}, which is not in {vocab_path.name}")
+        merges.append(tuple(parts))
+    return vocab, merges
+
+def _need(vocab, tokens, path):
+    missing = [t for t in tokens if t not in vocab]
+    if missing: raise TokenizerFileError(f"{path}: special token(s) {missing} missing from the vocabulary")
+
+def bart_tokenizer(vocab_path, merges_path, max_id: int | None = None):
+    "BART's byte-level BPE (as dalle-mini's `BartTokenizerFast`): GPT-2 word split, `<s> … </s>`, `<pad>`=1."
+    from tokenizers import Tokenizer, models, pre_tokenizers, decoders, processors
+    vocab, merges = read_bpe_files(vocab_path, merges_path)
+    _need(vocab, SPECIAL_TOKENS, vocab_path)
+    if max_id is not None:             # the model embeds ids < max_id: only an unused special token may lie beyond
+        beyond = sorted(t for t, i in vocab.items() if i >= max_id)
+        if set(beyond) - {"<mask>"}:
+            raise TokenizerFileError(f"{vocab_path}: {len(vocab)} tokens, but the model embeds only {max_id} text ids: not this model's vocabulary")
+        vocab = {t: i for t, i in vocab.items() if i < max_id}
+    if [vocab[t] for t in SPECIAL_TOKENS] != [0, 1, 2, 3]:
+        raise TokenizerFileError(f"{vocab_path}: BART's special ids must be <s>=0 <pad>=1 </s>=2 <unk>=3, got {[vocab[t] for t in SPECIAL_TOKENS]}")
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, unk_token="<unk>", fuse_unk=False))
+    tok.add_special_tokens([t for t in (*SPECIAL_TOKENS, "<mask>") if t in vocab])
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.post_processor = processors.TemplateProcessing(single="<s> $A </s>", special_tokens=[("<s>", 0), ("</s>", 2)])
+    return tok
+
+CLIP_SPECIAL = ("<|startoftext|>", "<|endoftext|>")
+
+def clip_tokenizer(vocab_path, merges_path):
+    "OpenAI CLIP's BPE: lower-cased, end-of-word `</w>` marks, `<|startoftext|> … <|endoftext|>`."
+    from tokenizers import Tokenizer, Regex, models, normalizers, pre_tokenizers, decoders, processors
+    vocab, merges = read_bpe_files(vocab_path, merges_path)
+    _need(vocab, CLIP_SPECIAL, vocab_path)
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, unk_token="<|endoftext|>", end_of_word_suffix="</w>",
+                               continuing_subword_prefix="", fuse_unk=False))
+    tok.add_special_tokens(list(CLIP_SPECIAL))
+    tok.normalizer = normalizers.Sequence([normalizers.NFC(), normalizers.Replace(Regex(r"\s+"), " "), normalizers.Lowercase()])
+    words = r"""<\|startoftext\|>|<\|endoftext\|>|'s|'t|'re|'ve|'m|'ll|'d|[\p{L}]+|[\p{N}]|[^\s\p{L}\p{N}]+"""
+    tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(words), behavior="removed", invert=True),
+                                                 pre_tokenizers.ByteLevel(add_prefix_space=False)])
+    tok.decoder = decoders.BPEDecoder(suffix="</w>")
+    bos, eos = (vocab[t] for t in CLIP_SPECIAL)
+    tok.post_processor = processors.TemplateProcessing(single=f"{CLIP_SPECIAL[0]} $A {CLIP_SPECIAL[1]}",
+                                                       special_tokens=[(CLIP_SPECIAL[0], bos), (CLIP_SPECIAL[1], eos)])
+    return tok
+
+# %% ../nbs/01_text.ipynb #aa393326
 class TextEncoder:
     "Normalise + BPE-encode captions into int32 `[B, max_len]` ids (`<s> … </s>` then `<pad>`)."
-    def __init__(self, tokenizer, max_len: int):
+    def __init__(self, tokenizer, max_len: int, normalizer: str = "dalle_nb"):
         from transformers import PreTrainedTokenizerFast
+        if normalizer not in NORMALIZERS: raise ValueError(f"unknown text normalizer {normalizer!r}; choose from {sorted(NORMALIZERS)}")
         if isinstance(tokenizer, (str, Path)):
-            return self.__init__(TextEncoder.load(tokenizer, max_len).tokenizer, max_len)
+            return self.__init__(TextEncoder.load(tokenizer, max_len).tokenizer, max_len, normalizer)
         if not isinstance(tokenizer, PreTrainedTokenizerFast):
-            tokenizer = PreTrainedTokenizerFast(tokenizer_object=tokenizer, bos_token="<s>", pad_token="<pad>",
-                                                eos_token="</s>", unk_token="<unk>")
+            tokenizer = PreTrainedTokenizerFast(tokenizer_object=tokenizer, **_special_roles(tokenizer))
         if max_len < 2: raise ValueError(f"max_len must be at least 2 (<s> and </s>), got {max_len}")
-        self.tokenizer, self.max_len = tokenizer, max_len
+        self.tokenizer, self.max_len, self.normalizer = tokenizer, max_len, normalizer
+
+    def normalize(self, text) -> str:
+        "`text` cleaned by this encoder's rules."
+        return NORMALIZERS[self.normalizer](text)
 
     @property
     def vocab_size(self) -> int: return len(self.tokenizer)
@@ -79,13 +208,16 @@ class TextEncoder:
 
     def __call__(self, texts) -> np.ndarray:
         if isinstance(texts, str): texts = [texts]
-        enc = self.tokenizer([normalize_text(t) for t in texts], padding="max_length", truncation=True,
-                             max_length=self.max_len, return_attention_mask=False)
+        return self._encode([self.normalize(t) for t in texts])
+
+    def _encode(self, texts) -> np.ndarray:
+        enc = self.tokenizer(list(texts), padding="max_length", truncation=True, max_length=self.max_len,
+                             return_attention_mask=False)
         return np.asarray(enc["input_ids"], np.int32)
 
     def blank(self, n: int = 1) -> np.ndarray:
         "`n` rows of the empty caption (`<s></s>` + padding): the unconditional input of super conditioning."
-        return self([""] * n)
+        return self._encode([""] * n)
 
     def decode(self, ids) -> list[str]:
         "Text of each row of ids, special tokens removed."
@@ -99,7 +231,7 @@ class TextEncoder:
         return path
 
     @classmethod
-    def load(cls, path, max_len: int) -> "TextEncoder":
+    def load(cls, path, max_len: int, normalizer: str = "dalle_nb") -> "TextEncoder":
         "Load from a `tokenizer.json` file or a directory holding one."
         from tokenizers import Tokenizer
         path = Path(path)
@@ -107,4 +239,11 @@ class TextEncoder:
         if not path.exists(): raise TokenizerFileError(f"{path}: no such tokenizer file")
         try: tok = Tokenizer.from_file(str(path))
         except Exception as e: raise TokenizerFileError(f"{path}: not a readable tokenizer.json ({type(e).__name__})") from None
-        return cls(tok, max_len)
+        return cls(tok, max_len, normalizer)
+
+def _special_roles(tok) -> dict:
+    "Which tokens of `tok`'s vocabulary begin, end and pad a caption: BART's or CLIP's."
+    if tok.token_to_id("<pad>") is not None: return dict(bos_token="<s>", pad_token="<pad>", eos_token="</s>", unk_token="<unk>")
+    if tok.token_to_id(CLIP_SPECIAL[1]) is not None:
+        return dict(bos_token=CLIP_SPECIAL[0], pad_token=CLIP_SPECIAL[1], eos_token=CLIP_SPECIAL[1], unk_token=CLIP_SPECIAL[1])
+    raise TokenizerFileError("tokenizer has neither BART's <pad> nor CLIP's <|endoftext|> token")

@@ -1,4 +1,4 @@
-"""One jitted step for any loss, one loop with progress bars, evaluation and resumable orbax checkpoints, and the three stages that make the shipped model: VQGAN, BART, CLIP.
+"""One sharded, jitted step for any loss, optimiser and mesh; one loop with progress bars, evaluation and orbax checkpoints that survive `kill -9`; and the stages that make the shipped model: VQGAN, BART, CLIP.
 
 Docs: https://dalle-nb.github.io/dalle_nb/train.html.md"""
 
@@ -6,69 +6,197 @@ Docs: https://dalle-nb.github.io/dalle_nb/train.html.md"""
 
 # %% ../nbs/11_train.ipynb #64d5c6df
 from __future__ import annotations
-import json, math, os, time
+import contextlib, json, math, os, time
 from functools import partial
 from pathlib import Path
+from typing import Any, Callable, NamedTuple
 import numpy as np
 import jax, jax.numpy as jnp
 import optax
 from flax import nnx
 import orbax.checkpoint as ocp
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jax.experimental import multihost_utils
+from flax.core import spmd as flax_spmd
 from tqdm.auto import tqdm
 from .config import RunConfig, StageConfig, save_config, to_dict
+from .sharding import (RULES, make_mesh, mesh_from_spec, state_shardings, batch_sharding, global_batch, place,
+                               is_primary, to_host, sharded_init)
 from .optim import make_optimizer, lr_schedule
+from .shampoo import ShampooState, opt_state_shardings as shampoo_state_shardings
 from .data import Batches, blank_captions, encode_images
 
 # %% auto #0
-__all__ = ['STAGES', 'make_train_step', 'Checkpointer', 'fit', 'plot_history', 'train_vqgan', 'train_decoder', 'encode_dataset',
-           'train_bart', 'hard_negatives', 'reconstruct', 'train_clip', 'TrainSetupError', 'train_all']
+__all__ = ['STAGES', 'TrainState', 'opt_state_shardings', 'TrainStep', 'make_sharded_train_step', 'make_train_step',
+           'Checkpointer', 'fit', 'plot_history', 'train_vqgan', 'train_decoder', 'encode_dataset', 'train_bart',
+           'hard_negatives', 'reconstruct', 'train_clip', 'stages_for', 'TrainSetupError', 'train_all']
 
-# %% ../nbs/11_train.ipynb #64b72e08
-def make_train_step(loss_fn, grad_accum: int = 1):
-    "A jitted `step(model, optimizer, batch, key) -> metrics` for `loss_fn(model, batch, key) -> (loss, metrics)`."
-    def grads_of(graphdef, params, rest, batch, key):
-        def f(p):
-            m = nnx.merge(graphdef, p, jax.tree.map(lambda v: v, rest))   # fresh variables, so the loss may update them
-            loss, metrics = loss_fn(m, batch, key)
-            return loss, (metrics, nnx.state(m, nnx.Not(nnx.Param)))
-        (_, (metrics, rest)), g = jax.value_and_grad(f, has_aux=True)(params)
-        return g, metrics, rest
+# %% ../nbs/11_train.ipynb #4f63824b
+class TrainState(NamedTuple):
+    "Everything a train step reads and replaces: donated to the step, sharded on the mesh, saved in checkpoints."
+    step: jax.Array       # steps taken, skipped ones included
+    params: Any           # nnx.State of the model's nnx.Param variables
+    rest: Any             # nnx.State of its other variables (e.g. the VQGAN's code-usage counters)
+    opt: Any              # the optax state; per-parameter buffers are Variables named like their parameter
+    skipped: jax.Array    # steps whose loss or gradients were not finite, and so were not applied
 
-    def step(model, optimizer, batch, key):
-        graphdef, params, rest = nnx.split(model, nnx.Param, ...)
-        if grad_accum == 1:
-            grads, metrics, rest = grads_of(graphdef, params, rest, batch, key)
-        else:
-            micro = jax.tree.map(lambda x: x.reshape(grad_accum, x.shape[0] // grad_accum, *x.shape[1:]), batch)
-            def body(carry, xs):
-                gsum, rest = carry
-                mb, i = xs
-                g, metrics, rest = grads_of(graphdef, params, rest, mb, jax.random.fold_in(key, i))
-                return (jax.tree.map(jnp.add, gsum, g), rest), metrics
-            zeros = jax.tree.map(jnp.zeros_like, params)
-            (gsum, rest), metrics = jax.lax.scan(body, (zeros, rest), (micro, jnp.arange(grad_accum)))
-            grads = jax.tree.map(lambda g: g / grad_accum, gsum)
-            metrics = jax.tree.map(lambda m: m.mean(0), metrics)
-        nnx.update(model, rest)
-        optimizer.update(model, grads)
-        return {**metrics, "grad_norm": optax.global_norm(grads)}
-    return nnx.jit(step)
+def opt_state_shardings(opt_state, params, mesh: Mesh, rules=RULES):
+    "Shardings of an optax state: per-parameter buffers like their parameter, Shampoo's arrays by its own rules, the rest replicated."
+    rep = NamedSharding(mesh, P())
+    def one(node):
+        if isinstance(node, ShampooState):
+            try: return shampoo_state_shardings(node, params, mesh, rules)
+            except AssertionError:       # Shampoo on part of the parameters (the rest frozen): its state is small, replicate it
+                return jax.tree.map(lambda _: rep, node)
+        if isinstance(node, nnx.Variable):
+            if isinstance(node.get_value(), optax.MaskedNode): return node     # a masked-out buffer: nothing to place
+            return state_shardings(node, mesh, rules)
+        return rep
+    return jax.tree.map(one, opt_state, is_leaf=lambda x: isinstance(x, (ShampooState, nnx.Variable)))
 
 # %% ../nbs/11_train.ipynb #00a542f4
+def _structs(tree):
+    "Shapes and dtypes only (a model built by `nnx.eval_shape` already is)."
+    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), tree)
+
+def _with_shardings(abstract, shardings):
+    return jax.tree.map(lambda s, sub: jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), sub),
+                        shardings, abstract)
+
+@contextlib.contextmanager
+def _in_mesh(mesh: Mesh, rules):
+    "Inside a traced function: make `mesh` (abstractly) and `rules` the ones `constrain` uses."
+    with jax.sharding.use_abstract_mesh(mesh.abstract_mesh), flax_spmd.logical_axis_rules(rules):
+        yield
+
+class TrainStep(NamedTuple):
+    "A sharded, jitted train step and what goes with it (see `make_sharded_train_step`)."
+    init: Callable           # init(model) -> TrainState on the mesh, from the model's current values
+    step: Callable           # jitted step(state, batch, key) -> (state, metrics); `state` is donated
+    shardings: TrainState    # NamedShardings of the state
+    abstract: TrainState     # ShapeDtypeStructs (with shardings) of the state: AOT lowering, checkpoint restores
+    mesh: Mesh
+    rules: tuple
+    graphdef: Any            # the model's structure: nnx.merge(graphdef, state.params, state.rest) is the model
+
+    def batch(self, local: dict, global_size: int) -> dict:
+        "This process's rows `local` assembled into the global batch of `global_size` rows, split over the data axes."
+        return global_batch(local, self.mesh, global_size, self.rules)
+
+    def batch_structs(self, shapes: dict) -> dict:
+        "Abstract global batch (for `step.lower`): `{name: (shape, dtype)}` → ShapeDtypeStructs split over the data axes."
+        return {k: jax.ShapeDtypeStruct(s, d, sharding=batch_sharding(self.mesh, len(s), self.rules)) for k, (s, d) in shapes.items()}
+
+    def write_back(self, model, state: TrainState):
+        "Put `state`'s parameters and other variables into `model` (in place)."
+        nnx.update(model, state.params, state.rest)
+
+    def read(self, model, state: TrainState) -> TrainState:
+        "`state` with the parameters and other variables that `model` now holds (after code changed it in place)."
+        _, params, rest = nnx.split(model, nnx.Param, ...)
+        return state._replace(params=place(params, self.shardings.params), rest=place(rest, self.shardings.rest))
+
+
+def make_sharded_train_step(loss_fn, model, tx: optax.GradientTransformation, mesh: Mesh | None = None, rules=RULES,
+                            grad_accum: int = 1) -> TrainStep:
+    "Compile `loss_fn(model, batch, key) -> (loss, metrics)` into a sharded train step on `mesh` (default: one device)."
+    mesh = make_mesh(devices=jax.devices()[:1]) if mesh is None else mesh
+    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+    params, rest = _structs(params), _structs(rest)
+    rep, counter = NamedSharding(mesh, P()), jax.ShapeDtypeStruct((), jnp.int32)
+    abstract = TrainState(counter, params, rest, jax.eval_shape(tx.init, params), counter)
+    shardings = TrainState(rep, state_shardings(params, mesh, rules), state_shardings(rest, mesh, rules),
+                           opt_state_shardings(abstract.opt, params, mesh, rules), rep)
+    data = batch_sharding(mesh, 1, rules)        # a prefix for every array of the batch: leading axis split
+
+    def grads(params, rest, batch, key):
+        def f(p):
+            m = nnx.merge(graphdef, p, jax.tree.map(lambda v: v, rest))   # fresh variables: the loss may update them
+            loss, metrics = loss_fn(m, batch, key)
+            return loss, (metrics, nnx.state(m, nnx.Not(nnx.Param)))
+        (loss, (metrics, rest)), g = jax.value_and_grad(f, has_aux=True)(params)
+        return loss, g, metrics, rest
+
+    def train_step(state: TrainState, batch, key):
+        with _in_mesh(mesh, rules):
+            if grad_accum == 1:
+                loss, g, metrics, rest = grads(state.params, state.rest, batch, key)
+            else:
+                k = grad_accum
+                for x in jax.tree.leaves(batch):
+                    if x.shape[0] % k: raise ValueError(f"train step: batch of {x.shape[0]} does not split into grad_accum={k} micro-batches")
+                micro = jax.tree.map(lambda x: x.reshape(x.shape[0] // k, k, *x.shape[1:]).swapaxes(0, 1), batch)
+                def body(carry, xs):
+                    gsum, rest = carry
+                    mb, i = xs
+                    mb = jax.tree.map(lambda x: jax.lax.with_sharding_constraint(x, data.spec), mb)
+                    loss, g, metrics, rest = grads(state.params, rest, mb, jax.random.fold_in(key, i))
+                    return (jax.tree.map(jnp.add, gsum, g), rest), (loss, metrics)
+                zeros = jax.tree.map(jnp.zeros_like, state.params)
+                (gsum, rest), (losses, metrics) = jax.lax.scan(body, (zeros, state.rest), (micro, jnp.arange(k)))
+                g = jax.tree.map(lambda x: x / k, gsum)
+                loss, metrics = losses.mean(), jax.tree.map(lambda m: m.mean(0), metrics)
+            finite = jnp.isfinite(loss) & jnp.all(jnp.stack([jnp.isfinite(x).all() for x in jax.tree.leaves(g)]))
+            def apply(_):
+                updates, opt = tx.update(g, state.opt, state.params)
+                new = jax.tree.map(lambda n, o: n.astype(o.dtype), optax.apply_updates(state.params, updates), state.params)
+                return new, rest, opt               # parameters keep their dtype (bfloat16 ones too)
+            params, rest, opt = jax.lax.cond(finite, apply, lambda _: (state.params, state.rest, state.opt), None)
+        new = TrainState(state.step + 1, params, rest, opt, state.skipped + (~finite).astype(jnp.int32))
+        return new, {**metrics, "grad_norm": optax.global_norm(g), "finite": finite}
+
+    step = jax.jit(train_step, in_shardings=(shardings, data, rep), out_shardings=(shardings, rep), donate_argnums=0)
+
+    def fresh(params, rest):
+        with _in_mesh(mesh, rules):
+            zero = jnp.zeros((), jnp.int32)
+            return TrainState(zero, params, rest, tx.init(params), zero)
+    init_jit = jax.jit(fresh, in_shardings=(shardings.params, shardings.rest), out_shardings=shardings)
+    def init(model) -> TrainState:
+        _, p, r = nnx.split(model, nnx.Param, ...)
+        return init_jit(place(p, shardings.params), place(r, shardings.rest))
+
+    return TrainStep(init, step, shardings, _with_shardings(abstract, shardings), mesh, tuple(rules), graphdef)
+
+# %% ../nbs/11_train.ipynb #400fd7a2
+def make_train_step(loss_fn, grad_accum: int = 1):
+    "In-place form for code holding an `nnx.Optimizer`: `step(model, optimizer, batch, key) -> metrics`, one device."
+    built = {}
+    def step(model, optimizer: nnx.Optimizer, batch, key):
+        if "train" not in built: built["train"] = make_sharded_train_step(loss_fn, model, optimizer.tx, grad_accum=grad_accum)
+        train = built["train"]
+        pure = nnx.as_pure(optimizer.opt_state)
+        opt = jax.tree.unflatten(jax.tree.structure(train.abstract.opt), jax.tree.leaves(pure))
+        _, params, rest = nnx.split(model, nnx.Param, ...)
+        state = place(TrainState(jnp.int32(0), params, rest, opt, jnp.int32(0)), train.shardings)
+        rows = len(jax.tree.leaves(batch)[0])
+        state, metrics = train.step(state, train.batch(batch, rows), key)
+        train.write_back(model, state)
+        nnx.update(optimizer.opt_state, nnx.state(jax.tree.unflatten(jax.tree.structure(pure), jax.tree.leaves(state.opt))))
+        optimizer.step[...] += 1
+        return metrics
+    return step
+
+# %% ../nbs/11_train.ipynb #27c30a4a
+def _pure(tree):
+    "`tree` with nnx Variables replaced by their values (what orbax stores)."
+    return jax.tree.map(lambda x: x.get_value() if isinstance(x, nnx.Variable) else x, tree,
+                        is_leaf=lambda x: isinstance(x, nnx.Variable))
+
 class Checkpointer:
-    "Save/restore (model, optimizer, meta JSON) under `directory` with orbax, keeping the last `keep` steps."
+    "Save/restore a state (any pytree of arrays, sharded or not) and a JSON of metadata under `directory` with orbax; keeps the last `keep`."
     def __init__(self, directory, keep: int = 2):
         self.directory = Path(directory).absolute()
-        opts = ocp.CheckpointManagerOptions(max_to_keep=keep, create=True, enable_async_checkpointing=False)
+        opts = ocp.CheckpointManagerOptions(max_to_keep=keep, create=True, enable_async_checkpointing=False,
+                                            cleanup_tmp_directories=True)
         self.manager = ocp.CheckpointManager(self.directory, options=opts)
 
     @property
     def latest(self): return self.manager.latest_step()
 
-    def save(self, step: int, model, optimizer, meta: dict):
-        self.manager.save(step, args=ocp.args.Composite(model=ocp.args.StandardSave(nnx.state(model)),
-                                                        optimizer=ocp.args.StandardSave(nnx.state(optimizer)),
-                                                        meta=ocp.args.JsonSave(meta)))
+    def save(self, step: int, state, meta: dict):
+        "Write `state` and `meta` as checkpoint `step` (every process calls it; it returns once the checkpoint is complete)."
+        self.manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(_pure(state)), meta=ocp.args.JsonSave(meta)))
         self.manager.wait_until_finished()
 
     def meta(self, step=None) -> dict:
@@ -76,79 +204,113 @@ class Checkpointer:
         step = self.latest if step is None else step
         return self.manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore())).meta
 
-    def restore(self, model, optimizer, step=None) -> dict:
-        "Load the checkpoint at `step` (default: latest) into `model` and `optimizer` in place; returns its meta."
+    def restore(self, target, step=None):
+        "`(state, meta)` of checkpoint `step` (default: latest), laid out like `target` (arrays, or ShapeDtypeStructs with shardings)."
         step = self.latest if step is None else step
         if step is None: raise FileNotFoundError(f"no checkpoint in {self.directory}")
-        abstract = lambda x: jax.tree.map(ocp.utils.to_shape_dtype_struct, nnx.state(x))
-        r = self.manager.restore(step, args=ocp.args.Composite(model=ocp.args.StandardRestore(abstract(model)),
-                                                                optimizer=ocp.args.StandardRestore(abstract(optimizer)),
-                                                                meta=ocp.args.JsonRestore()))
-        nnx.update(model, r.model); nnx.update(optimizer, r.optimizer)
-        return r.meta
+        abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, _pure(target))
+        r = self.manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract), meta=ocp.args.JsonRestore()))
+        return jax.tree.unflatten(jax.tree.structure(target), jax.tree.leaves(r.state)), r.meta
 
     def close(self): self.manager.close()
 
-# %% ../nbs/11_train.ipynb #a8ea6d8d
-def _skipped(optimizer) -> int:
-    "How many updates `optax.apply_if_finite` dropped so far."
-    has = lambda x: hasattr(x, "total_notfinite")
-    return sum(int(x.total_notfinite) for x in jax.tree.leaves(optimizer.opt_state, is_leaf=has) if has(x))
-
-_RESUMABLE = ("steps", "log_every", "eval_every", "ckpt_every")   # stage fields a resumed run may change
+# %% ../nbs/11_train.ipynb #770e92bb
+_RESUMABLE = ("steps", "log_every", "eval_every", "ckpt_every", "mesh")   # stage fields a resumed run may change
 
 def _stage_key(cfg: StageConfig) -> dict:
     "The stage settings a checkpoint must share with the run that resumes it."
     return {k: v for k, v in to_dict(cfg).items() if k not in _RESUMABLE}
 
+def _sync(name: str):
+    "Wait until every process gets here (no-op with one process)."
+    if jax.process_count() > 1: multihost_utils.sync_global_devices(f"dalle_nb:{name}")
+
 def _open_checkpoints(directory: Path, cfg: StageConfig) -> Checkpointer:
     "The checkpoints in `directory`, moved aside first if they were made with other stage settings."
     ckpt = Checkpointer(directory)
     if ckpt.latest is None: return ckpt
-    old = ckpt.meta().get("stage")
-    if old is None or old == _stage_key(cfg): return ckpt
+    meta = ckpt.meta()
+    old = meta.get("stage")
+    if "rng" in meta and (old is None or old == _stage_key(cfg)): return ckpt
     ckpt.close()
+    _sync("checkpoints-closed")
     n = 1
     while directory.with_name(f"{directory.name}.replaced-{n}").exists(): n += 1
-    aside = directory.rename(directory.with_name(f"{directory.name}.replaced-{n}"))
-    diff = sorted(k for k in set(old) | set(_stage_key(cfg)) if old.get(k) != _stage_key(cfg).get(k))
-    print(f"{directory}: checkpoints were made with other {', '.join(diff)}; moved to {aside.name}, starting afresh")
+    aside = directory.with_name(f"{directory.name}.replaced-{n}")
+    if is_primary():
+        directory.rename(aside)
+        diff = sorted(k for k in set(old or {}) | set(_stage_key(cfg)) if (old or {}).get(k) != _stage_key(cfg).get(k))
+        why = "by an older version of dalle_nb" if "rng" not in meta else f"with other {', '.join(diff)}"
+        print(f"{directory}: checkpoints were made {why}; moved to {aside.name}, starting afresh")
+    _sync("checkpoints-moved")
     return Checkpointer(directory)
 
-def fit(model, optimizer, step_fn, batches: Batches, cfg: StageConfig, *, key=None, workdir=None, eval_fn=None,
-        desc: str = "train", progress: bool = True, log=None, until: int | None = None, hooks=()) -> list[dict]:
-    "Train to step `until` (default `cfg.steps`), resuming from `workdir`'s latest checkpoint if any; returns the history."
+@jax.jit
+def _accumulate(acc, metrics):
+    "Running sums of the metrics of applied steps, and their number (`steps`)."
+    ok = metrics["finite"]
+    m = {k: jnp.where(ok, v, 0.0).astype(jnp.float32) for k, v in metrics.items() if k != "finite"}
+    m["steps"] = ok.astype(jnp.float32)
+    return m if acc is None else jax.tree.map(jnp.add, acc, m)
+
+def fit(model, tx: optax.GradientTransformation, loss_fn, batches, cfg: StageConfig, *, mesh: Mesh | None = None,
+        rules=RULES, key=None, workdir=None, eval_fn=None, desc: str = "train", progress: bool = True, log=None,
+        until: int | None = None, hooks=()) -> list[dict]:
+    "Train `model` in place to step `until` (default `cfg.steps`) on `mesh` (default `cfg.mesh`), resuming from `workdir`'s checkpoints; returns the history."
+    mesh = mesh_from_spec(cfg.mesh) if mesh is None else mesh
+    train = make_sharded_train_step(loss_fn, model, tx, mesh, rules, cfg.grad_accum)
     key = jax.random.key(cfg.seed) if key is None else key
     ckpt = _open_checkpoints(Path(workdir) / "ckpt", cfg) if workdir else None
-    history, start = [], 0
+    logfile = Path(workdir) / f"log.process-{jax.process_index()}.jsonl" if workdir else None
+    history, start, acc = [], 0, None
     if ckpt is not None and ckpt.latest is not None:
-        meta = ckpt.restore(model, optimizer)
+        state, meta = ckpt.restore(train.abstract)
         start, history = meta["step"], meta["history"]
         batches.restore(meta["data"])
+        key = jax.random.wrap_key_data(np.asarray(meta["rng"], np.uint32))
+        if meta.get("acc"): acc = {k: np.float32(v) for k, v in meta["acc"].items()}
+    else:
+        state = train.init(model)
     sched = lr_schedule(cfg)
-    acc, n_acc, t0 = None, 0, time.perf_counter()
+    t0, seen_skips = time.perf_counter(), int(state.skipped)
     end = cfg.steps if until is None else min(until, cfg.steps)
-    bar = tqdm(range(start, end), desc=desc, disable=not progress, initial=start, total=cfg.steps, leave=True)
-    for step in bar:
-        batch = next(batches)
-        metrics = step_fn(model, optimizer, batch, jax.random.fold_in(key, step))
-        for hook in hooks: hook(step + 1, model, batch)
-        acc = metrics if acc is None else jax.tree.map(jnp.add, acc, metrics)
-        n_acc += 1
-        done = step + 1
-        if done % cfg.log_every == 0 or done == cfg.steps:
-            row = {"step": done, "lr": float(sched(step)), **{k: float(v) / n_acc for k, v in acc.items()},
-                   "skipped": _skipped(optimizer), "seconds": round(time.perf_counter() - t0, 2)}
-            acc, n_acc = None, 0
-            if eval_fn is not None and (done % cfg.eval_every == 0 or done == cfg.steps):
-                row.update({f"val_{k}": float(v) for k, v in eval_fn(model).items()})
-            history.append(row)
-            bar.set_postfix(loss=f"{row['loss']:.4f}")
-            if log is not None: log(row)
-        if ckpt is not None and (done % cfg.ckpt_every == 0 or done == end):
-            ckpt.save(done, model, optimizer, {"step": done, "history": history, "data": batches.state(),
-                                               "stage": _stage_key(cfg)})
-    if ckpt is not None: ckpt.close()
+    say = tqdm.write if progress else print
+    bar = tqdm(range(start, end), desc=desc, disable=not progress or not is_primary(), initial=start, total=cfg.steps, leave=True)
+    try:
+        for step in bar:
+            batch = train.batch(next(batches), cfg.batch_size)
+            state, metrics = train.step(state, batch, jax.random.fold_in(key, step))
+            if hooks:
+                train.write_back(model, state)
+                for hook in hooks: hook(step + 1, model, batch)
+                state = train.read(model, state)
+            acc = _accumulate(acc, metrics)
+            done = step + 1
+            if done % cfg.log_every == 0 or done == cfg.steps:
+                sums = {k: float(v) for k, v in acc.items()}
+                n = sums.pop("steps")
+                row = {"step": done, "lr": float(sched(step)), **{k: v / n if n else float("nan") for k, v in sums.items()},
+                       "skipped": int(state.skipped), "seconds": round(time.perf_counter() - t0, 2)}
+                acc = None
+                if row["skipped"] > seen_skips and is_primary():
+                    say(f"{desc}: {row['skipped'] - seen_skips} step(s) up to {done} skipped: non-finite loss or gradients "
+                        f"({row['skipped']} in all)")
+                seen_skips = row["skipped"]
+                if eval_fn is not None and (done % cfg.eval_every == 0 or done == cfg.steps):
+                    train.write_back(model, state)
+                    row.update({f"val_{k}": float(v) for k, v in eval_fn(model).items()})
+                history.append(row)
+                bar.set_postfix(loss=f"{row['loss']:.4f}")
+                if log is not None: log(row)
+                if logfile is not None:
+                    with open(logfile, "a") as f: f.write(json.dumps(row) + "\n")
+            if ckpt is not None and (done % cfg.ckpt_every == 0 or done == end):
+                ckpt.save(done, state, {"step": done, "history": history, "data": batches.state(), "stage": _stage_key(cfg),
+                                        "rng": np.asarray(jax.random.key_data(key)).tolist(),
+                                        "acc": None if acc is None else {k: float(v) for k, v in acc.items()}})
+    finally:
+        train.write_back(model, state)
+        if ckpt is not None: ckpt.close()
     return history
 
 # %% ../nbs/11_train.ipynb #172e37ef
@@ -180,8 +342,7 @@ def train_vqgan(cfg: RunConfig, workdir, images, val_images, progress: bool = Tr
     sc = cfg.vqgan_train
     model = VQGAN(cfg.vqgan, rngs=nnx.Rngs(sc.seed))
     init_codebook(model, to_float(images[:max(256, sc.batch_size)]), jax.random.key(sc.seed))
-    opt = nnx.Optimizer(model, make_optimizer(sc), wrt=nnx.Param)
-    step = make_train_step(lambda m, b, k: vqgan_loss(m, _floats(b["image"])), sc.grad_accum)
+    mesh = mesh_from_spec(sc.mesh)
     val = to_float(val_images[:256])
     @nnx.jit
     def evaluate(m):
@@ -189,8 +350,9 @@ def train_vqgan(cfg: RunConfig, workdir, images, val_images, progress: bool = Tr
         return {"psnr": psnr(m.decode(ids), val), "codes_used": jnp.unique(ids, size=cfg.vqgan.n_embed, fill_value=-1).__ge__(0).sum()}
     def restart(s, m, batch):
         if s % 100 == 0 and s < sc.steps - 200: restart_dead_codes(m, _floats(batch["image"]), jax.random.key(s))
-    hist = fit(model, opt, step, Batches({"image": images}, sc.batch_size, seed=sc.seed), sc, workdir=Path(workdir) / "vqgan",
-               eval_fn=evaluate, desc="vqgan", progress=progress, hooks=[restart])
+    hist = fit(model, make_optimizer(sc), lambda m, b, k: vqgan_loss(m, _floats(b["image"])),
+               Batches.on_mesh({"image": images}, sc.batch_size, mesh, seed=sc.seed), sc, mesh=mesh,
+               workdir=Path(workdir) / "vqgan", eval_fn=evaluate, desc="vqgan", progress=progress, hooks=[restart])
     return model, hist
 
 def _frozen_except(prefixes, tx):
@@ -203,39 +365,61 @@ def _frozen_except(prefixes, tx):
 def train_decoder(cfg: RunConfig, workdir, vqgan: VQGAN, images, val_images, progress: bool = True):
     "Stage 1b: fine-tune `vqgan`'s decoder on its frozen codes (encoder and codebook untouched). Returns `(model, history)`."
     sc = cfg.decoder_train
-    opt = nnx.Optimizer(vqgan, _frozen_except(("decoder", "post_quant_conv"), make_optimizer(sc)), wrt=nnx.Param)
-    step = make_train_step(lambda m, b, k: decoder_loss(m, _floats(b["image"])), sc.grad_accum)
+    tx = _frozen_except(("decoder", "post_quant_conv"), make_optimizer(sc))
+    mesh = mesh_from_spec(sc.mesh)
     val = to_float(val_images[:256])
     evaluate = nnx.jit(lambda m: {"psnr": psnr(m.decode(m.encode(val)), val)})
-    hist = fit(vqgan, opt, step, Batches({"image": images}, sc.batch_size, seed=sc.seed), sc, workdir=Path(workdir) / "decoder",
-               eval_fn=evaluate, desc="decoder", progress=progress)
+    hist = fit(vqgan, tx, lambda m, b, k: decoder_loss(m, _floats(b["image"])),
+               Batches.on_mesh({"image": images}, sc.batch_size, mesh, seed=sc.seed), sc, mesh=mesh,
+               workdir=Path(workdir) / "decoder", eval_fn=evaluate, desc="decoder", progress=progress)
     return vqgan, hist
 
 # %% ../nbs/11_train.ipynb #9b114e90
 def encode_dataset(vqgan: VQGAN, images, cache=None, progress: bool = True) -> np.ndarray:
-    "VQGAN token ids `[N, image_len]` of uint8 `images`, read from/written to the `.npy` file `cache` if given."
+    "VQGAN token ids `[N, image_len]` of uint8 `images`, read from/written to the `.npy` file `cache` if given (one process only)."
+    if jax.process_count() > 1: cache = None     # every process encodes: the encoder is one program over all of them
     if cache is not None and Path(cache).exists():
         ids = np.load(cache)
         if len(ids) == len(images): return ids
     enc = nnx.jit(lambda m, x: m.encode(jnp.asarray(x, jnp.float32) / 255.0))
     ids = encode_images(lambda x: enc(vqgan, x), images, batch_size=256, desc="tokenizing images", progress=progress)
-    if cache is not None: Path(cache).parent.mkdir(parents=True, exist_ok=True); np.save(cache, ids)
+    if cache is not None:
+        Path(cache).parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(cache).with_suffix(".tmp.npy")
+        np.save(tmp, ids); tmp.replace(cache)          # a reader never sees half a file
     return ids
 
 def train_bart(cfg: RunConfig, workdir, vqgan: VQGAN, text: TextEncoder, images, captions, val_images, val_captions,
-               progress: bool = True):
-    "Stage 2: the BART on (caption ids, image tokens) pairs, with caption blanking. Returns `(model, history)`."
+               progress: bool = True, data=None):
+    "Stage 2: the BART on (caption ids, image tokens) pairs, with caption blanking — or streamed from token shards `data`. Returns `(model, history)`."
     sc, workdir = cfg.bart_train, Path(workdir)
+    if data: return _train_bart_on_shards(cfg, workdir, text, data, progress)
     data = {"text": text(captions), "image": encode_dataset(vqgan, images, workdir / "tokens_train.npy", progress)}
     val = {"text": jnp.asarray(text(val_captions[:256])), "image": jnp.asarray(encode_dataset(vqgan, val_images[:256], None, False))}
     blank = jnp.asarray(text.blank(1)[0])
-    model = DalleBart(cfg.bart, rngs=nnx.Rngs(sc.seed))
-    opt = nnx.Optimizer(model, make_optimizer(sc), wrt=nnx.Param)
+    mesh = mesh_from_spec(sc.mesh)
+    model = sharded_init(lambda: DalleBart(cfg.bart, rngs=nnx.Rngs(sc.seed)), mesh)   # made in place on the mesh, never whole
     def loss_fn(m, b, k):
         return bart_loss(m, blank_captions(b["text"], blank, sc.blank_caption_prob, k), b["image"])
     evaluate = nnx.jit(lambda m: bart_loss(m, val["text"], val["image"])[1])
-    hist = fit(model, opt, make_train_step(loss_fn, sc.grad_accum), Batches(data, sc.batch_size, seed=sc.seed), sc,
+    hist = fit(model, make_optimizer(sc), loss_fn, Batches.on_mesh(data, sc.batch_size, mesh, seed=sc.seed), sc, mesh=mesh,
                workdir=workdir / "bart", eval_fn=evaluate, desc="bart", progress=progress)
+    return model, hist
+
+# %% ../nbs/11_train.ipynb #e8c8a350
+def _train_bart_on_shards(cfg: RunConfig, workdir: Path, text: TextEncoder, data, progress: bool = True):
+    "The BART stage on token shards (`dalle_nb.dataset.TokenLoader`), each process reading its own rows."
+    from dalle_nb.dataset import TokenLoader                 # floor 3; imported only when shards are used
+    sc = cfg.bart_train
+    mesh = mesh_from_spec(sc.mesh)
+    batches = TokenLoader.on_mesh([str(d) for d in data], sc.batch_size, mesh, text, seed=sc.seed, blank_prob=sc.blank_caption_prob)
+    first = next(batches); batches.restore({**batches.state(), "step": batches.step - 1})
+    if first["image"].shape[1] != cfg.bart.image_len:
+        raise TrainSetupError(f"--data {', '.join(map(str, data))}: the shards hold {first['image'].shape[1]} tokens per image, "
+                              f"but bart.image_len is {cfg.bart.image_len}")
+    model = DalleBart(cfg.bart, rngs=nnx.Rngs(sc.seed))
+    hist = fit(model, make_optimizer(sc), lambda m, b, k: bart_loss(m, b["text"], b["image"]), batches, sc, mesh=mesh,
+               workdir=workdir / "bart", desc="bart", progress=progress)
     return model, hist
 
 # %% ../nbs/11_train.ipynb #84918e5d
@@ -258,7 +442,7 @@ def reconstruct(vqgan: VQGAN, ids, batch_size: int = 256, progress: bool = True)
         chunk = np.asarray(ids[i:i + batch_size])
         pad = batch_size - len(chunk) if n > batch_size else 0    # one compiled shape
         if pad: chunk = np.concatenate([chunk, np.repeat(chunk[-1:], pad, 0)])
-        x = to_uint8(np.asarray(dec(vqgan, jnp.asarray(chunk))))
+        x = to_uint8(to_host(dec(vqgan, jnp.asarray(chunk))))
         out.append(x[:len(x) - pad] if pad else x)
     return np.concatenate(out)
 
@@ -273,17 +457,25 @@ def train_clip(cfg: RunConfig, workdir, text: TextEncoder, images, captions, val
     data = {"image": images, "text": clip_text(captions), "neg": clip_text(hard_negatives(captions, sc.seed))}
     vx = to_float(val_images[:256])
     vt, vn = clip_text(val_captions[:256]), clip_text(hard_negatives(val_captions[:256], sc.seed + 1))
-    model = CLIP(cfg.clip, rngs=nnx.Rngs(sc.seed))
-    opt = nnx.Optimizer(model, make_optimizer(sc), wrt=nnx.Param)
-    step = make_train_step(lambda m, b, k: clip_loss(m, _floats(b["image"]), b["text"], b["neg"]), sc.grad_accum)
+    mesh = mesh_from_spec(sc.mesh)
+    model = sharded_init(lambda: CLIP(cfg.clip, rngs=nnx.Rngs(sc.seed)), mesh)
     evaluate = nnx.jit(lambda m: clip_loss(m, vx, vt, vn)[1])
-    hist = fit(model, opt, step, Batches(data, sc.batch_size, seed=sc.seed), sc, workdir=Path(workdir) / "clip",
+    hist = fit(model, make_optimizer(sc), lambda m, b, k: clip_loss(m, _floats(b["image"]), b["text"], b["neg"]),
+               Batches.on_mesh(data, sc.batch_size, mesh, seed=sc.seed), sc, mesh=mesh, workdir=Path(workdir) / "clip",
                eval_fn=evaluate, desc="clip", progress=progress)
     return model, hist
 
 # %% ../nbs/11_train.ipynb #6a1c9418
-STAGES = ("vqgan", "decoder", "bart", "clip")
-_MODELS = {"vqgan", "bart", "clip"}     # the stages that build a model from scratch
+STAGES = ("vqgan", "dvae", "decoder", "bart", "dalle", "clip")
+
+def stages_for(cfg: RunConfig) -> tuple:
+    "The stages of a run with `cfg`: its image tokenizer's (VQGAN + decoder fine-tune, or dVAE), its transformer's, CLIP."
+    tok = ("vqgan", "decoder") if cfg.image_tokenizer == "vqgan" else ("dvae",)
+    return tuple(s for s in STAGES if s in tok + (cfg.arch, "clip"))
+
+def _models_of(cfg: RunConfig) -> set:
+    "The stages that build one of `cfg`'s models from scratch."
+    return {cfg.image_tokenizer, cfg.arch, "clip"}
 
 def _card(cfg: RunConfig, hists: dict, seconds: dict, command: str, prev: str = "") -> str:
     "Model card: every command that built the model (oldest first) and one row per stage; rows of stages not retrained are kept from `prev`."
@@ -312,35 +504,63 @@ def _card(cfg: RunConfig, hists: dict, seconds: dict, command: str, prev: str = 
 class TrainSetupError(ValueError):
     "A request `train_all` refuses before training anything (unknown stage, missing or mismatched earlier stages)."
 
-def train_all(cfg: RunConfig, workdir, stages=STAGES, progress: bool = True, command: str = "") -> Path:
-    "Train the tokenizer and the requested stages; write (or update) the model directory `workdir/model`."
+def train_all(cfg: RunConfig, workdir, stages=None, progress: bool = True, command: str = "", data=None) -> Path:
+    "Train the tokenizer and the requested stages (default: all of `cfg`'s); write (or update) the model directory `workdir/model` (process 0 writes). `data`: token shard directories for the BART stage."
     workdir = Path(workdir); workdir.mkdir(parents=True, exist_ok=True)
     out = workdir / "model"
+    stages = stages_for(cfg) if stages is None else tuple(stages)
     bad = set(stages) - set(STAGES)
     if bad: raise TrainSetupError(f"unknown stage(s) {sorted(bad)}; choose from {','.join(STAGES)}")
-    partial = not _MODELS <= set(stages)
+    other = set(stages) - set(stages_for(cfg))
+    if other and set(stages) != set(STAGES):     # all of STAGES = "everything this config has"
+        raise TrainSetupError(f"stage(s) {', '.join(sorted(other))} do not belong to a run with arch={cfg.arch}, image_tokenizer={cfg.image_tokenizer}; "
+                              f"its stages are {','.join(stages_for(cfg))}")
+    stages = tuple(s for s in stages if s in stages_for(cfg))
+    if data and set(stages) != {"bart"}:
+        raise TrainSetupError(f"--data streams token shards to the bart stage only: add --stages bart (stages now: {','.join(stages)})")
+    needed = _models_of(cfg)
+    partial = not needed <= set(stages)
     prev = load_models(out) if partial and (out / "config.json").exists() else None
     if prev is not None:
-        changed = [s for s in _MODELS - set(stages) if getattr(prev.cfg, s) != getattr(cfg, s)]
+        missing = [s for s in needed - set(stages) if getattr(prev, s) is None]
+        if missing: raise TrainSetupError(f"the existing model in {out} has no {', '.join(sorted(missing))}: train {'those stages' if len(missing) > 1 else 'that stage'} too")
+        changed = [s for s in needed - set(stages) if getattr(prev.cfg, s) != getattr(cfg, s)]
         if changed: raise TrainSetupError(f"the existing model in {out} was built with other {', '.join(changed)} settings: retrain those stages too")
     elif partial:
         raise TrainSetupError(f"--stages {','.join(stages)} needs the other stages' models in {out}: train all stages first")
     d = cfg.data
-    images, captions = make_split("train", d.n_train, d.seed)
-    val_images, val_captions = make_split("val", d.n_val, d.seed)
-    text = prev.text if prev is not None else TextEncoder(train_tokenizer(captions, vocab_size=min(cfg.bart.text_vocab, cfg.clip.text_vocab)), cfg.bart.max_text_len)
+    images, captions = make_split("train", d.n_train, d.seed) if not data else (None, None)
+    val_images, val_captions = make_split("val", d.n_val, d.seed) if not data else (None, None)
+    text = prev.text if prev is not None else TextEncoder(train_tokenizer(captions, vocab_size=min(cfg.text_vocab, cfg.clip.text_vocab)), cfg.text_len)
+    if text.max_len != cfg.text_len: text = TextEncoder(text.tokenizer, cfg.text_len, normalizer=text.normalizer)   # the other architecture's length
     hists, seconds = {}, {}
-    vqgan, bart, clip = (prev.vqgan, prev.bart, prev.clip) if prev is not None else (None, None, None)
+    names = ("vqgan", "bart", "clip", "dvae", "dalle")
+    m = {n: getattr(prev, n) if prev is not None else None for n in names}
     for stage in STAGES:
         if stage not in stages or (stage == "decoder" and cfg.decoder_train.steps == 0): continue
         t0 = time.perf_counter()
-        if stage == "vqgan": vqgan, hists[stage] = train_vqgan(cfg, workdir, images, val_images, progress)
-        if stage == "decoder": vqgan, hists[stage] = train_decoder(cfg, workdir, vqgan, images, val_images, progress)
-        if stage == "bart": bart, hists[stage] = train_bart(cfg, workdir, vqgan, text, images, captions, val_images, val_captions, progress)
-        if stage == "clip": clip, hists[stage] = train_clip(cfg, workdir, text, images, captions, val_images, val_captions, progress, vqgan)
+        tokenizer = m[cfg.image_tokenizer]
+        if stage == "vqgan": m["vqgan"], hists[stage] = train_vqgan(cfg, workdir, images, val_images, progress)
+        if stage == "decoder": m["vqgan"], hists[stage] = train_decoder(cfg, workdir, m["vqgan"], images, val_images, progress)
+        if stage == "bart": m["bart"], hists[stage] = train_bart(cfg, workdir, tokenizer, text, images, captions, val_images, val_captions, progress, data=data)
+        if stage in ("dvae", "dalle"):
+            from dalle_nb import train_dalle as td      # the next notebook (same floor), imported when a run needs it
+            if stage == "dvae": m["dvae"], hists[stage] = td.train_dvae(cfg, workdir, images, val_images, progress)
+            else: m["dalle"], hists[stage] = td.train_dalle(cfg, workdir, tokenizer, text, images, captions, val_images, val_captions, progress)
+        if stage == "clip": m["clip"], hists[stage] = train_clip(cfg, workdir, text, images, captions, val_images, val_captions, progress, tokenizer)
         seconds[stage] = time.perf_counter() - t0
-        (workdir / f"history_{stage}.json").write_text(json.dumps(hists[stage]))
-    models = Models(cfg, text, vqgan, bart, clip)
-    save_models(out, models, card=_card(cfg, hists, seconds, command or f"train_all(get_config({cfg.name!r}), ...)",
-                                        prev.card if prev is not None else ""))
+        if is_primary(): (workdir / f"history_{stage}.json").write_text(json.dumps(hists[stage]))
+    m = {n: _on_host(v) for n, v in m.items()}
+    models = Models(cfg, text, m["vqgan"], m["bart"], m["clip"], dvae=m["dvae"], dalle=m["dalle"],
+                    clip_text=prev.clip_text if prev is not None else None)
+    if is_primary():
+        save_models(out, models, card=_card(cfg, hists, seconds, command or f"train_all(get_config({cfg.name!r}), ...)",
+                                            prev.card if prev is not None else ""))
+    _sync("model-directory-written")
     return out
+
+def _on_host(module):
+    "`module` with its arrays copied to the host when they are spread over several processes (a collective)."
+    if module is None or jax.process_count() == 1: return module
+    nnx.update(module, jax.tree.map(to_host, nnx.state(module)))
+    return module

@@ -191,15 +191,19 @@ class VectorQuantizer(nnx.Module):
 class VQGAN(nnx.Module):
     "A taming-transformers VQGAN: `encode` images → ids, `decode` ids → images, `__call__` → reconstruction + losses."
     def __init__(self, cfg: VQGANConfig, *, rngs: nnx.Rngs):
-        self.encoder, self.decoder = Encoder(cfg, rngs=rngs), Decoder(cfg, rngs=rngs)
-        self.quant_conv = Conv(cfg.z_channels, cfg.embed_dim, 1, dtype=cfg.dtype, rngs=rngs)
+        self.encoder = Encoder(cfg, rngs=rngs) if not cfg.decoder_only else None
+        self.decoder = Decoder(cfg, rngs=rngs)
+        self.quant_conv = Conv(cfg.z_channels, cfg.embed_dim, 1, dtype=cfg.dtype, rngs=rngs) if not cfg.decoder_only else None
         self.quantize = VectorQuantizer(cfg.n_embed, cfg.embed_dim, cfg.beta, rngs=rngs)
         self.post_quant_conv = Conv(cfg.embed_dim, cfg.z_channels, 1, dtype=cfg.dtype, rngs=rngs)
         self.cfg = cfg
 
     def features(self, images):
         "Pre-quantisation encoder vectors `[B, g, g, embed_dim]` of images in [0, 1]."
-        x = jnp.asarray(images, dtype_of(self.cfg.dtype)) * 2 - 1
+        if self.encoder is None:
+            raise ValueError("VQGAN: this VQGAN has only a decoder (min-dalle ships only detoker.pt): it decodes tokens but cannot encode images")
+        x = jnp.asarray(images, dtype_of(self.cfg.dtype))
+        if self.cfg.signed_input: x = x * 2 - 1
         if x.shape[1:] != (self.cfg.resolution, self.cfg.resolution, self.cfg.in_channels):
             raise ValueError(f"VQGAN: expected images [B, {self.cfg.resolution}, {self.cfg.resolution}, {self.cfg.in_channels}], got {x.shape}")
         return self.quant_conv(self.encoder(x))
@@ -302,7 +306,7 @@ def show_reconstructions(model: VQGAN, images, n: int = 8, title: str = "origina
 def vqgan_param_counts(cfg: VQGANConfig) -> dict:
     "Parameter counts of the encoder, decoder, codebook + 1×1 convs, and total, from an abstract model."
     m = nnx.eval_shape(lambda: VQGAN(cfg, rngs=nnx.Rngs(0)))
-    count = lambda mod: sum(int(np.prod(v.shape)) for v in jax.tree.leaves(nnx.state(mod, nnx.Param)))
+    count = lambda mod: 0 if mod is None else sum(int(np.prod(v.shape)) for v in jax.tree.leaves(nnx.state(mod, nnx.Param)))
     out = {"encoder": count(m.encoder), "decoder": count(m.decoder)}
     out["quantizer"] = count(m.quantize) + count(m.quant_conv) + count(m.post_quant_conv)
     out["total"] = sum(out.values())
