@@ -4,7 +4,7 @@ Runs the measurements of tests/test_peers.py (random weights, CPU) and prints a 
 relative errors (max |ours - theirs| / max |theirs|) for BENCHMARKS.md.
 
     python bench/peer_errors.py            # the small configurations the default test run uses
-    python bench/peer_errors.py --full     # also DALL·E Mini's widths, the full 256 px VQGAN decoder, CLIP ViT-B/32
+    python bench/peer_errors.py --full     # also DALL·E Mini's and Mega's widths, the full 256 px VQGAN decoder, CLIP ViT-B/32
 """
 import argparse, datetime, platform, sys, tempfile, time
 from pathlib import Path
@@ -16,15 +16,20 @@ import test_peers as P  # noqa: E402
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--full", action="store_true", help="also the real-size (slow) comparisons")
+    ap.add_argument("--only", default="", help="run only the comparisons whose name contains this")
     a = ap.parse_args()
     runs = [("BART, small (d 64, 2+2 layers, 4 heads)", lambda t: P.measure_bart(P.SMALL_BART, t)),
+            ("BART, Mega's depth (d 32, 24+24 layers, 2 heads)", lambda t: P.measure_bart(P.DEEP_BART, t, prefix_len=16, greedy_steps=8)),
             ("VQGAN decoder, full width, 4×4 codes (eps 1e-5)", lambda t: P.measure_vqgan(t)),
             ("CLIP, small (width 64, 2+2 layers)", lambda t: P.measure_clip(t))]
     if a.full:
         runs += [("BART, Mini's widths (d 1024, 16 heads, GLU 2730, 2+2 layers)",
                   lambda t: P.measure_bart(P.MINI_WIDTH_BART, t, prefix_len=16, greedy_steps=8)),
+                 ("BART, Mega's widths (d 2048, 32 heads, GLU 4096, vocabularies 50272/16415, 2+2 layers)",
+                  lambda t: P.measure_bart(P.MEGA_WIDTH_BART, t, prefix_len=8, greedy_steps=4)),
                  ("VQGAN, whole VQGanDetokenizer.forward, 256 codes → 256×256", lambda t: P.measure_vqgan_full(t)),
                  ("CLIP ViT-B/32 sizes", lambda t: P.measure_clip(t, real_size=True))]
+    runs = [r for r in runs if a.only in r[0]]
     print(f"date {datetime.date.today()}  machine {platform.machine()} {platform.processor() or ''} python {platform.python_version()}")
     print("| comparison | quantity | max relative error |\n|---|---|---|")
     for name, f in runs:

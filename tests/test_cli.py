@@ -10,6 +10,7 @@ EXE = shutil.which("dalle-nb") or str(Path(sys.executable).with_name("dalle-nb")
 
 def run(*args, cwd=None):
     env = {**os.environ, "DALLE_NB_CACHE": str(Path(cwd or ".") / ".cache")}
+    env.pop("XLA_FLAGS", None)          # one CPU device, as a user's shell has (conftest's 8 fake devices are for the mesh tests)
     return subprocess.run([EXE, *args], capture_output=True, text=True, timeout=600, cwd=cwd, env=env)
 
 

@@ -27,9 +27,15 @@ TOL = 1e-4
 # min-dalle fixes 256 image positions and samples among the first 2**14 ids; the rest of the sizes are small
 SMALL_BART = BartConfig(text_vocab=300, image_codes=16384, image_vocab=16384, max_text_len=12, image_len=256, d_model=64,
                         encoder_layers=2, decoder_layers=2, heads=4, glu_dim=96)
+# Mega's depth at a small width: 24 + 24 layers, so layer 10 must follow layer 9 (not layer 1) through the converter
+DEEP_BART = BartConfig(text_vocab=300, image_codes=16384, image_vocab=16384, max_text_len=12, image_len=256, d_model=32,
+                       encoder_layers=24, decoder_layers=24, heads=2, glu_dim=48)
 # DALL·E Mini's widths, heads and vocabularies (two layers a side instead of twelve)
 MINI_WIDTH_BART = BartConfig(text_vocab=50264, image_codes=16384, image_vocab=16384, max_text_len=64, image_len=256,
                              d_model=1024, encoder_layers=2, decoder_layers=2, heads=16, glu_dim=2730)
+# DALL·E Mega's widths, heads and vocabularies (two layers a side instead of twenty-four: every tensor shape of a layer is real)
+MEGA_WIDTH_BART = BartConfig(text_vocab=50272, image_codes=16384, image_vocab=16415, max_text_len=64, image_len=256,
+                             d_model=2048, encoder_layers=2, decoder_layers=2, heads=32, glu_dim=4096)
 
 
 def rel_err(ours, theirs) -> float:
@@ -207,7 +213,7 @@ def measure_clip(tmp: Path, real_size: bool = False) -> dict:
 # ---------------------------------------------------------------- the tests
 
 def test_bart_matches_min_dalle(tmp_path):
-    m = measure_bart(SMALL_BART, tmp_path)
+    m = measure_bart(DEEP_BART, tmp_path, prefix_len=16, greedy_steps=8)
     print({k: v for k, v in m.items() if not k.startswith("greedy")})
     for k in ("encoder_states", "decoder_logits", "supercond_logits"): assert m[k] < TOL, (k, m[k])
     assert m["greedy_ours"] == m["greedy_theirs"]
@@ -217,6 +223,14 @@ def test_bart_matches_min_dalle(tmp_path):
 @pytest.mark.slow
 def test_bart_matches_min_dalle_at_mini_width(tmp_path):
     m = measure_bart(MINI_WIDTH_BART, tmp_path, prefix_len=16, greedy_steps=8)
+    print({k: v for k, v in m.items() if not k.startswith("greedy")})
+    for k in ("encoder_states", "decoder_logits", "supercond_logits"): assert m[k] < TOL, (k, m[k])
+    assert m["greedy_ours"] == m["greedy_theirs"]
+
+
+@pytest.mark.slow
+def test_bart_matches_min_dalle_at_mega_width(tmp_path):
+    m = measure_bart(MEGA_WIDTH_BART, tmp_path, prefix_len=8, greedy_steps=4)
     print({k: v for k, v in m.items() if not k.startswith("greedy")})
     for k in ("encoder_states", "decoder_logits", "supercond_logits"): assert m[k] < TOL, (k, m[k])
     assert m["greedy_ours"] == m["greedy_theirs"]
