@@ -232,13 +232,25 @@ def _arrays_and_names(tree):
         else: out.append((x, None))
     return out
 
+def _precond_axes() -> tuple:
+    "The mesh axes the `precond` axis maps to under the active mesh and rules (() without a mesh)."
+    rules, mesh = flax_spmd.get_logical_axis_rules(), jax.sharding.get_abstract_mesh()
+    if not rules or mesh.empty: return ()
+    axes = logical_to_spec(("precond",), rules)[0]
+    return () if axes is None else axes if isinstance(axes, tuple) else (axes,)
+
 def _precond_shards() -> int:
     "How many devices the `precond` axis spreads over under the active mesh and rules (1 without a mesh)."
-    rules, mesh = flax_spmd.get_logical_axis_rules(), jax.sharding.get_abstract_mesh()
-    if not rules or mesh.empty: return 1
-    axes = logical_to_spec(("precond",), rules)[0]
-    axes = () if axes is None else axes if isinstance(axes, tuple) else (axes,)
-    return int(np.prod([mesh.shape[a] for a in axes]))
+    mesh = jax.sharding.get_abstract_mesh()
+    return int(np.prod([mesh.shape[a] for a in _precond_axes()]))
+
+def _on_each_device(f, stack):
+    """`f` (batched over a leading axis) applied to each device's own share of `stack`'s leading axis (`shard_map`): the
+    loops inside stay local — left to the partitioner, a batched `while` gets its carry gathered on every iteration."""
+    axes = _precond_axes()
+    if not axes: return f(stack)
+    spec = P(axes)
+    return jax.shard_map(f, mesh=jax.sharding.get_abstract_mesh(), in_specs=spec, out_specs=spec, check_vma=False)(stack)
 
 def _constrain_fit(x, axes):
     "`constrain`, except that a dimension the mesh axes would not split evenly stays whole (as `fit_spec` lays out the state)."
@@ -307,7 +319,8 @@ def distributed_shampoo(learning_rate, block_size: int = 2048, *, b1: float = 0.
             pad = -count % shards
             if pad: mats = jnp.concatenate([mats, jnp.broadcast_to(jnp.eye(n, dtype=mats.dtype), (pad, n, n))])
             mats = constrain(mats, ("precond", None, None))          # whole matrices, `count / devices` on each
-            new, err = jax.vmap(lambda m: inverse_pth_root(m, p, ridge=matrix_epsilon, precision=prec, method=root_method))(mats)
+            roots_of = jax.vmap(lambda m: inverse_pth_root(m, p, ridge=matrix_epsilon, precision=prec, method=root_method))
+            new, err = _on_each_device(roots_of, mats)
             new = _constrain_fit(new, rows)                          # back to split rows: never gathered
             at = 0
             for i, k in members:
