@@ -7,6 +7,8 @@ report is merged into bench/results/pod/fit_check.json, which BENCHMARKS.md and 
     python bench/fit_check.py                      # every configuration below
     python bench/fit_check.py --only journal fsdp  # some of them
     python bench/fit_check.py --layers 2           # the same with 2+2 layers: what a compile costs
+    python bench/fit_check.py --shampoo-no-1d dp=32,mp=8   # Shampoo with 1-D parameters grafted only (row *-shampoo-1d-grafted)
+    python bench/fit_check.py --shampoo-state      # Shampoo's state per core from the shardings alone (no compile)
 """
 import argparse, json, os, shutil, subprocess, sys, time
 from pathlib import Path

@@ -21,10 +21,10 @@ from .layers import logical_to_spec, constrain
 from .sharding import RULES, fit_spec
 
 # %% auto #0
-__all__ = ['PRECISIONS', 'GRAFTS', 'merge_dims', 'merged_shape', 'block_splits', 'partition', 'unpartition', 'gram',
-           'max_eigenvalue', 'inverse_pth_root', 'Plan', 'make_plan', 'new_statistics', 'precondition', 'ParamState',
-           'ShampooState', 'distributed_shampoo', 'shampoo_state_axes', 'opt_state_shardings', 'shampoo_from_config',
-           'state_bytes_per_param']
+__all__ = ['PRECISIONS', 'GRAFTS', 'MATRIX_AXES', 'DATA_AXES', 'merge_dims', 'merged_shape', 'block_splits', 'partition',
+           'unpartition', 'gram', 'max_eigenvalue', 'inverse_pth_root', 'Plan', 'make_plan', 'new_statistics',
+           'precondition', 'ParamState', 'ShampooState', 'distributed_shampoo', 'shampoo_state_axes', 'spread_spec',
+           'opt_state_shardings', 'shampoo_from_config', 'state_bytes_per_param']
 
 # %% ../nbs/09a_shampoo.ipynb #a6cb9b4f
 def merge_dims(shape, max_dim: int) -> list[list[int]]:
@@ -232,13 +232,33 @@ def _arrays_and_names(tree):
         else: out.append((x, None))
     return out
 
+def _precond_axes() -> tuple:
+    "The mesh axes the `precond` axis maps to under the active mesh and rules (() without a mesh)."
+    rules, mesh = flax_spmd.get_logical_axis_rules(), jax.sharding.get_abstract_mesh()
+    if not rules or mesh.empty: return ()
+    axes = logical_to_spec(("precond",), rules)[0]
+    return () if axes is None else axes if isinstance(axes, tuple) else (axes,)
+
 def _precond_shards() -> int:
     "How many devices the `precond` axis spreads over under the active mesh and rules (1 without a mesh)."
+    mesh = jax.sharding.get_abstract_mesh()
+    return int(np.prod([mesh.shape[a] for a in _precond_axes()]))
+
+def _on_each_device(f, stack):
+    """`f` (batched over a leading axis) applied to each device's own share of `stack`'s leading axis (`shard_map`): the
+    loops inside stay local — left to the partitioner, a batched `while` gets its carry gathered on every iteration."""
+    axes = _precond_axes()
+    if not axes: return f(stack)
+    spec = P(axes)
+    return jax.shard_map(f, mesh=jax.sharding.get_abstract_mesh(), in_specs=spec, out_specs=spec, check_vma=False)(stack)
+
+def _constrain_fit(x, axes):
+    "`constrain`, except that a dimension the mesh axes would not split evenly stays whole (as `fit_spec` lays out the state)."
     rules, mesh = flax_spmd.get_logical_axis_rules(), jax.sharding.get_abstract_mesh()
-    if not rules or mesh.empty: return 1
-    axes = logical_to_spec(("precond",), rules)[0]
-    axes = () if axes is None else axes if isinstance(axes, tuple) else (axes,)
-    return int(np.prod([mesh.shape[a] for a in axes]))
+    if not rules or mesh.empty: return x
+    return lax.with_sharding_constraint(x, fit_spec(logical_to_spec(axes, rules), x.shape, mesh))
+
+MATRIX_AXES = ("precond", None)   # a statistic's or root's rows are split over every device; `layers` goes in front when stacked
 
 # %% ../nbs/09a_shampoo.ipynb #a306ecc2
 def distributed_shampoo(learning_rate, block_size: int = 2048, *, b1: float = 0.9, b2: float = 0.999,
@@ -267,8 +287,8 @@ def distributed_shampoo(learning_rate, block_size: int = 2048, *, b1: float = 0.
         return [make_plan(x.shape, names, **dict(layout)) for x, names in items]
 
     def per_layer(plan, f):
-        "Map `f` over the leading layer axis of a stacked parameter."
-        return jax.vmap(f) if plan.layers else f
+        "Map `f` over the leading layer axis of a stacked parameter, one layer after another (so one layer's whole roots at a time)."
+        return (lambda *args: lax.map(lambda a: f(*a), args)) if plan.layers else f
 
     def init(params):
         out = []
@@ -283,27 +303,33 @@ def distributed_shampoo(learning_rate, block_size: int = 2048, *, b1: float = 0.
         return ShampooState(jnp.zeros([], jnp.int32), tuple(out), layout, names)
 
     def refresh_roots(states, plans):
-        "New preconditioners for every statistic: same-size statistics stacked, the stack spread over the mesh."
+        """New preconditioners for every statistic. Same-size statistics are stacked (rows still split over the devices,
+        as they are stored), the stack is re-split by matrix (an all-to-all: each device receives whole matrices), each
+        device computes its share of roots, and the new roots go back to rows split over the devices: no device ever
+        holds more than its share."""
         groups = {}
         for i, (st, plan) in enumerate(zip(states, plans)):
             p = exponent_override or plan.exponent
             for k, s in enumerate(st.stats): groups.setdefault((s.shape[-1], p), []).append((i, k))
         roots = [list(st.roots) for st in states]
+        rows = (None,) + MATRIX_AXES
         for (n, p), members in groups.items():
-            mats = jnp.concatenate([states[i].stats[k].reshape(-1, n, n) for i, k in members])
+            mats = jnp.concatenate([_constrain_fit(states[i].stats[k].reshape(-1, n, n), rows) for i, k in members])
             count, shards = mats.shape[0], _precond_shards()
             pad = -count % shards
             if pad: mats = jnp.concatenate([mats, jnp.broadcast_to(jnp.eye(n, dtype=mats.dtype), (pad, n, n))])
-            mats = constrain(mats, ("precond", None, None))
-            new, err = jax.vmap(lambda m: inverse_pth_root(m, p, ridge=matrix_epsilon, precision=prec, method=root_method))(mats)
-            new = constrain(new, (None, None, None))          # gathered: every device gets every root (as the reference does)
+            mats = constrain(mats, ("precond", None, None))          # whole matrices, `count / devices` on each
+            roots_of = jax.vmap(lambda m: inverse_pth_root(m, p, ridge=matrix_epsilon, precision=prec, method=root_method))
+            new, err = _on_each_device(roots_of, mats)
+            new = _constrain_fit(new, rows)                          # back to split rows: never gathered
             at = 0
             for i, k in members:
                 old = states[i].roots[k]
                 m = old.reshape(-1, n, n).shape[0]
                 r, e = new[at:at + m], err[at:at + m]; at += m
                 ok = ~(jnp.isnan(e) | (e >= inverse_failure_threshold))
-                roots[i][k] = jnp.where(ok[:, None, None], r, old.reshape(-1, n, n)).reshape(old.shape)
+                r = jnp.where(ok[:, None, None], r, old.reshape(-1, n, n)).reshape(old.shape)
+                roots[i][k] = _constrain_fit(r, ("layers",) * (r.ndim - 2) + MATRIX_AXES)
         return [tuple(r) for r in roots]
 
     def direction(g, x, diag, mom, gmom, roots, plan, count):
@@ -314,6 +340,7 @@ def distributed_shampoo(learning_rate, block_size: int = 2048, *, b1: float = 0.
             if graft.startswith("adagrad"): new_diag = diag + jnp.square(sg)
             else: new_diag = b2 * diag + (1.0 if b2 == 1.0 else 1.0 - b2) * jnp.square(sg)
             graft_step = sg / (jnp.sqrt(new_diag) + diagonal_epsilon)
+        roots = tuple(_constrain_fit(r, (None, None)) for r in roots)     # this layer's roots, whole, for this contraction only
         pg = precondition(g, roots, plan) if plan.precondition else graft_step
         shampoo_step = pg * (jnp.linalg.norm(graft_step) / (jnp.linalg.norm(pg) + 1e-25))
         if weight_decay:
@@ -337,7 +364,8 @@ def distributed_shampoo(learning_rate, block_size: int = 2048, *, b1: float = 0.
         states = []
         for g, st, plan in zip(gs, state.params, plans):
             stats = per_layer(plan, lambda s, g, plan=plan: new_statistics(s, g, plan, b2, sprec))(st.stats, g) if st.stats else ()
-            states.append(st._replace(stats=stats))
+            lead = ("layers",) if plan.layers else ()
+            states.append(st._replace(stats=tuple(_constrain_fit(x, lead + MATRIX_AXES) for x in stats)))
         # 2. preconditioners, every `preconditioning_compute_steps` steps
         old = [st.roots for st in states]
         if any(st.stats for st in states):
@@ -348,9 +376,8 @@ def distributed_shampoo(learning_rate, block_size: int = 2048, *, b1: float = 0.
         # 3. directions
         updates, new = [], []
         for g, x, st, r, plan in zip(gs, xs, states, roots, plans):
-            diag = st.diag if keeps_diag else jnp.zeros((), jnp.float32)
-            f = lambda g, x, d, m, gm, r, plan=plan: direction(g, x, d, m, gm, r, plan, count)
-            if plan.layers: f = jax.vmap(f, in_axes=(0, 0, 0 if keeps_diag else None, 0, 0, 0))
+            diag = st.diag if keeps_diag else None
+            f = per_layer(plan, lambda g, x, d, m, gm, r, plan=plan: direction(g, x, d, m, gm, r, plan, count))
             d, nd, nm, ngm = f(g, x, diag, st.momentum, st.graft_momentum, tuple(r))
             updates.append((-lr * d).astype(g.dtype))
             new.append(ParamState(nd if keeps_diag else (), nm, ngm, st.stats, tuple(r)))
@@ -367,15 +394,30 @@ def shampoo_state_axes(state: ShampooState, params) -> list[tuple]:
         plan = make_plan(x.shape, names, **dict(state.layout))
         names = tuple(names) if names is not None and len(tuple(names)) == len(x.shape) else (None,) * len(x.shape)
         lead = ("layers",) if plan.layers else ()
-        mats = [lead + (plan.names[a], None) for blk in itertools.product(*plan.splits) for a in range(len(blk))] if st.stats else []
+        mats = [lead + MATRIX_AXES for _ in plan.stat_sizes] if st.stats else []
         out += ([names] if not isinstance(st.diag, tuple) else []) + [names, names] + mats + mats
     return out
 
+DATA_AXES = ("dp", "fsdp")
+
+def spread_spec(spec: P, shape, mesh, axes=DATA_AXES) -> P:
+    "`spec` with every mesh axis of `axes` it leaves unused (and longer than 1) added to the first dimension it still divides evenly."
+    dims = [() if a is None else a if isinstance(a, tuple) else (a,) for a in tuple(spec) + (None,) * (len(shape) - len(spec))]
+    used = {a for d in dims for a in d}
+    for a in axes:
+        if a in used or mesh.shape.get(a, 1) == 1: continue
+        for i, d in enumerate(dims):
+            if shape[i] % (int(np.prod([mesh.shape[b] for b in d])) * mesh.shape[a]) == 0: dims[i] = d + (a,); break
+    return P(*(None if not d else d[0] if len(d) == 1 else d for d in dims))
+
 def opt_state_shardings(opt_state, params, mesh, rules=RULES):
-    "`NamedSharding`s for an optax state (abstract or concrete): Shampoo's arrays follow the parameters' logical names, the rest is replicated."
+    """`NamedSharding`s for an optax state (abstract or concrete) that contains a `ShampooState`: statistics and roots
+    with their rows split over every device; parameter-shaped buffers as their parameter and, in addition, split
+    over the data axes the parameter is replicated on; anything else replicated."""
     def put(x, names):
-        spec = logical_to_spec(names, rules) if names else P()
-        return NamedSharding(mesh, fit_spec(spec, x.shape, mesh))
+        spec = fit_spec(logical_to_spec(names, rules) if names else P(), x.shape, mesh)
+        if names and MATRIX_AXES[0] not in names: spec = spread_spec(spec, x.shape, mesh)
+        return NamedSharding(mesh, spec)
     def one(node):
         if isinstance(node, ShampooState):
             flat, tdef = jax.tree.flatten(node)
