@@ -12,11 +12,12 @@ import jax, jax.numpy as jnp
 from flax import nnx
 from .config import DVAEConfig, PAPER_DVAE
 from .layers import Conv, dtype_of
+from .vqgan import space_to_depth, depth_to_space     # the same patch (un)folding as the VQGAN's
 
 # %% auto #0
-__all__ = ['ResBlock', 'Group', 'space_to_depth', 'depth_to_space', 'DVAEEncoder', 'DVAEDecoder', 'map_pixels', 'unmap_pixels',
-           'logit_laplace_nll', 'stats_to_image', 'gumbel_softmax', 'kl_to_uniform', 'temperature', 'kl_weight',
-           'Progress', 'DVAE', 'dvae_loss', 'show_dvae_reconstructions', 'dvae_param_counts']
+__all__ = ['ResBlock', 'Group', 'DVAEEncoder', 'DVAEDecoder', 'map_pixels', 'unmap_pixels', 'logit_laplace_nll', 'stats_to_image',
+           'gumbel_softmax', 'kl_to_uniform', 'temperature', 'kl_weight', 'Progress', 'DVAE', 'dvae_loss',
+           'show_dvae_reconstructions', 'dvae_param_counts']
 
 # %% ../nbs/05a_dvae.ipynb #b2440587
 def _conv(cin, cout, k, dtype, rngs):
@@ -58,18 +59,6 @@ class Group(nnx.Module):
         elif self.resample == "up":
             x = jnp.repeat(jnp.repeat(x, 2, axis=1), 2, axis=2)
         return x
-
-def space_to_depth(x, p: int):
-    "`[B, H, W, C]` → `[B, H/p, W/p, p·p·C]`: each `p × p` block of pixels becomes one position."
-    if p == 1: return x
-    B, H, W, C = x.shape
-    return x.reshape(B, H // p, p, W // p, p, C).transpose(0, 1, 3, 2, 4, 5).reshape(B, H // p, W // p, p * p * C)
-
-def depth_to_space(x, p: int):
-    "The inverse of `space_to_depth`."
-    if p == 1: return x
-    B, h, w, D = x.shape
-    return x.reshape(B, h, w, p, p, D // (p * p)).transpose(0, 1, 3, 2, 4, 5).reshape(B, h * p, w * p, D // (p * p))
 
 class DVAEEncoder(nnx.Module):
     "Image in [eps, 1-eps] `[B,H,W,C]` → logits `[B, H/f, W/f, vocab_size]` (float32)."

@@ -221,16 +221,9 @@ def test_bart_matches_min_dalle(tmp_path):
 
 
 @pytest.mark.slow
-def test_bart_matches_min_dalle_at_mini_width(tmp_path):
-    m = measure_bart(MINI_WIDTH_BART, tmp_path, prefix_len=16, greedy_steps=8)
-    print({k: v for k, v in m.items() if not k.startswith("greedy")})
-    for k in ("encoder_states", "decoder_logits", "supercond_logits"): assert m[k] < TOL, (k, m[k])
-    assert m["greedy_ours"] == m["greedy_theirs"]
-
-
-@pytest.mark.slow
-def test_bart_matches_min_dalle_at_mega_width(tmp_path):
-    m = measure_bart(MEGA_WIDTH_BART, tmp_path, prefix_len=8, greedy_steps=4)
+@pytest.mark.parametrize("cfg, prefix_len, greedy_steps", [(MINI_WIDTH_BART, 16, 8), (MEGA_WIDTH_BART, 8, 4)], ids=["mini", "mega"])
+def test_bart_matches_min_dalle_at_published_widths(tmp_path, cfg, prefix_len, greedy_steps):
+    m = measure_bart(cfg, tmp_path, prefix_len=prefix_len, greedy_steps=greedy_steps)
     print({k: v for k, v in m.items() if not k.startswith("greedy")})
     for k in ("encoder_states", "decoder_logits", "supercond_logits"): assert m[k] < TOL, (k, m[k])
     assert m["greedy_ours"] == m["greedy_theirs"]
