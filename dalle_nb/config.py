@@ -440,7 +440,7 @@ PRESETS = {
         bart_train=StageConfig(steps=5000, batch_size=64, lr=2e-3, warmup_steps=200, blank_caption_prob=0.2, weight_decay=0.01,
                                log_every=50, eval_every=500, ckpt_every=500),
         clip_train=StageConfig(steps=1000, batch_size=128, lr=1.5e-3, warmup_steps=100, log_every=50, eval_every=250, ckpt_every=500),
-        sample=SampleConfig(plausibility=0.05),
+        sample=SampleConfig(cond_scale=2.0, plausibility=0.05),   # scale 2 is the best two-object scale of the shipped model (BENCHMARKS.md)
         dvae_train=StageConfig(steps=1500, batch_size=32, lr=5e-4, warmup_steps=100, log_every=50, eval_every=250, ckpt_every=500),
         dalle_train=StageConfig(steps=2500, batch_size=64, lr=2e-3, warmup_steps=200, blank_caption_prob=0.2, weight_decay=0.01,
                                 log_every=50, eval_every=500, ckpt_every=500)),

@@ -246,13 +246,18 @@ def caption_match(image, caption: str) -> bool:
     return False
 
 # %% ../nbs/03_shapes.ipynb #d6353211
-def corrupt_caption(caption: str, rng, kind: str) -> str | None:
-    "The caption with one `kind` of change ('color', 'shape', 'size', 'relation'), or None if it has no such part."
+def corrupt_caption(caption: str, rng, kind: str, exclude=()) -> str | None:
+    "The caption with one `kind` of change ('color', 'shape', 'size', 'relation'), or None if it has no such part; never makes an `exclude` (colour, shape) pair."
     spec = parse_caption(caption)
     objs, rel = list(spec.objects), spec.relation
     i = int(rng.integers(len(objs)))
-    if kind == "color": objs[i] = replace(objs[i], color=[c for c in PALETTE if c != objs[i].color][rng.integers(len(PALETTE) - 1)])
-    elif kind == "shape": objs[i] = replace(objs[i], shape=[s for s in SHAPES if s != objs[i].shape][rng.integers(2)])
+    o, exclude = objs[i], set(exclude)
+    if kind in ("color", "shape"):
+        options = ([(c, o.shape) for c in PALETTE if c != o.color] if kind == "color" else [(o.color, s) for s in SHAPES if s != o.shape])
+        options = [p for p in options if p not in exclude]
+        if not options: return None
+        color, shape = options[rng.integers(len(options))]
+        objs[i] = replace(o, color=color, shape=shape)
     elif kind == "size":
         sized = [j for j, o in enumerate(objs) if o.size]
         if not sized: return None

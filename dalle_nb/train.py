@@ -325,7 +325,7 @@ def plot_history(history: list[dict], keys=("loss", "val_loss"), title: str = ""
     return ax
 
 # %% ../nbs/11_train.ipynb #17bb6af0
-from .shapes import make_split, corrupt_caption
+from .shapes import make_split, corrupt_caption, parse_caption, HELD_OUT
 from .images import to_float, to_uint8
 from .text import TextEncoder, train_tokenizer
 from .vqgan import VQGAN, vqgan_loss, decoder_loss, init_codebook, restart_dead_codes, psnr
@@ -423,13 +423,13 @@ def _train_bart_on_shards(cfg: RunConfig, workdir: Path, text: TextEncoder, data
     return model, hist
 
 # %% ../nbs/11_train.ipynb #84918e5d
-def hard_negatives(captions, seed: int = 0) -> list[str]:
-    "For each caption, a copy with one attribute (colour, shape, size or relation; cycling) changed."
+def hard_negatives(captions, seed: int = 0, exclude=HELD_OUT) -> list[str]:
+    "For each caption, a copy with one attribute (colour, shape, size or relation; cycling) changed, never into an `exclude` pair."
     rng, kinds, out = np.random.default_rng(seed), ("color", "shape", "relation", "size"), []
     for i, c in enumerate(captions):
         neg = None
         for j in range(4):
-            neg = corrupt_caption(c, rng, kinds[(i + j) % 4])
+            neg = corrupt_caption(c, rng, kinds[(i + j) % 4], exclude)
             if neg is not None: break
         out.append(neg)
     return out
