@@ -72,7 +72,7 @@ def main(argv=None):
     d, s = cfg.dvae, cfg.dvae_train
     setup = (f"dVAE: {d.resolution}px, patch {d.patch}, {d.group_count} groups × {d.n_blk_per_group} block(s), n_hid {d.n_hid}, "
              f"{d.vocab_size} codes ({d.grid}×{d.grid}), recon {d.recon}, τ {d.tau_start:g}→{d.tau_end:g} over {d.tau_steps} steps, "
-             f"β 0→{d.kl_weight:g} over {d.kl_warmup_steps}; {s.steps} steps × {s.batch_size}, lr {s.lr:g} ({s.optimizer}), "
+             f"β 0→{d.kl_weight:g} over {d.kl_warmup_steps}, usage term {d.usage_weight:g}; {s.steps} steps × {s.batch_size}, lr {s.lr:g} ({s.optimizer}), "
              f"{minutes:.1f} min. VQGAN: the shipped model's (1500 + 1000 decoder steps × 32).")
     cats = sorted({c for r in rows.values() for c in r["checker"]})
     table = ["| tokenizer | PSNR (dB) | codes used | code perplexity | checker accepts round trip (" + ", ".join(cats) + ") |",

@@ -146,6 +146,7 @@ class DVAEConfig:
     tau_steps: int = 1000             # ... over this many steps (paper 150,000)
     kl_weight: float = 6.6            # β after warm-up (the paper's 6.6)
     kl_warmup_steps: int = 500        # β rises (cosine) from 0 over this many steps (paper 5,000)
+    usage_weight: float = 0.0         # w · KL(codes' average posterior over batch and grid ‖ uniform); not in the paper (0)
     dtype: str = "float32"
 
     def __post_init__(self):
@@ -155,6 +156,7 @@ class DVAEConfig:
         if self.n_hid % 4 or self.n_init % 4: raise ValueError(f"DVAEConfig: n_hid={self.n_hid} and n_init={self.n_init} must be multiples of 4 (blocks are n_out/4 wide inside)")
         if not 0 < self.logit_laplace_eps < 0.5: raise ValueError(f"DVAEConfig: logit_laplace_eps={self.logit_laplace_eps} is not in (0, 0.5)")
         if not 0 < self.tau_end <= self.tau_start: raise ValueError(f"DVAEConfig: need 0 < tau_end <= tau_start, got {self.tau_end}, {self.tau_start}")
+        if self.kl_weight < 0 or self.usage_weight < 0: raise ValueError(f"DVAEConfig: kl_weight={self.kl_weight} and usage_weight={self.usage_weight} must be >= 0")
 
     @property
     def factor(self) -> int: return self.patch * 2 ** (self.group_count - 1)
@@ -441,7 +443,10 @@ PRESETS = {
                                log_every=50, eval_every=500, ckpt_every=500),
         clip_train=StageConfig(steps=1000, batch_size=128, lr=1.5e-3, warmup_steps=100, log_every=50, eval_every=250, ckpt_every=500),
         sample=SampleConfig(cond_scale=2.0, plausibility=0.05),   # scale 2 is the best two-object scale of the shipped model (BENCHMARKS.md)
-        dvae_train=StageConfig(steps=1500, batch_size=32, lr=5e-4, warmup_steps=100, log_every=50, eval_every=250, ckpt_every=500),
+        # the dVAE: squared error with β 0.1 and a usage term instead of the paper's logit-Laplace and β 6.6, which collapse
+        # onto a few codes at this size (BENCHMARKS.md, "Image tokenizers"); the paper's recipe is `PAPER_DVAE`'s
+        dvae=DVAEConfig(recon="mse", kl_weight=0.1, usage_weight=0.5),
+        dvae_train=StageConfig(steps=1500, batch_size=32, lr=2e-3, warmup_steps=100, log_every=50, eval_every=250, ckpt_every=500),
         dalle_train=StageConfig(steps=2500, batch_size=64, lr=2e-3, warmup_steps=200, blank_caption_prob=0.2, weight_decay=0.01,
                                 log_every=50, eval_every=500, ckpt_every=500)),
     "mini": lambda: _published("mini", 1024, 12, 16, 2730, 50264, 16384),

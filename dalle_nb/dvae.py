@@ -16,8 +16,8 @@ from .vqgan import space_to_depth, depth_to_space     # the same patch (un)foldi
 
 # %% auto #0
 __all__ = ['ResBlock', 'Group', 'DVAEEncoder', 'DVAEDecoder', 'map_pixels', 'unmap_pixels', 'logit_laplace_nll', 'stats_to_image',
-           'gumbel_softmax', 'kl_to_uniform', 'temperature', 'kl_weight', 'Progress', 'DVAE', 'dvae_loss',
-           'show_dvae_reconstructions', 'dvae_param_counts']
+           'gumbel_softmax', 'kl_to_uniform', 'temperature', 'kl_weight', 'Progress', 'DVAE', 'codebook_usage_kl',
+           'dvae_loss', 'show_dvae_reconstructions', 'dvae_param_counts']
 
 # %% ../nbs/05a_dvae.ipynb #b2440587
 def _conv(cin, cout, k, dtype, rngs):
@@ -179,6 +179,12 @@ class DVAE(nnx.Module):
         return self.decoder(gumbel_softmax(logits, key, tau)), logits
 
 # %% ../nbs/05a_dvae.ipynb #18b2c50f
+def codebook_usage_kl(logits):
+    "KL divergence (nats) from the posterior averaged over every position of every image, `mean softmax(logits)`, to uniform."
+    q = jax.nn.softmax(logits.astype(jnp.float32), axis=-1).reshape(-1, logits.shape[-1]).mean(0)
+    return kl_to_uniform(jnp.log(jnp.maximum(q, 1e-30)))
+
+# %% ../nbs/05a_dvae.ipynb #5112317a
 def dvae_loss(model: DVAE, images, key, step=None, advance: float = 0.0):
     "Negative ELB per pixel value, `NLL + β(step)·KL` at temperature `τ(step)` (`step`: default `model.progress`, then advanced by `advance`)."
     cfg = model.cfg
@@ -195,9 +201,10 @@ def dvae_loss(model: DVAE, images, key, step=None, advance: float = 0.0):
         mu = jnp.split(stats, 2, axis=-1)[0]
         rec = ((jax.nn.sigmoid(mu) - map_pixels(images, cfg.logit_laplace_eps)) ** 2).mean()
     kl = kl_to_uniform(logits).sum((1, 2)).mean() / n_values
-    loss = rec + beta * kl
+    usage = codebook_usage_kl(logits) * logits.shape[1] * logits.shape[2] / n_values
+    loss = rec + beta * kl + cfg.usage_weight * usage
     mse = ((stats_to_image(stats, cfg.logit_laplace_eps) - images) ** 2).mean((1, 2, 3))
-    return loss, {"loss": loss, "recon": rec, "kl": kl, "tau": tau, "beta": beta,
+    return loss, {"loss": loss, "recon": rec, "kl": kl, "usage": usage, "tau": tau, "beta": beta,
                   "psnr": jnp.mean(10 * jnp.log10(1.0 / jnp.maximum(mse, 1e-10)))}   # the VQGAN's PSNR, of the relaxed reconstruction
 
 # %% ../nbs/05a_dvae.ipynb #978930bc
