@@ -186,7 +186,7 @@ def codebook_usage_kl(logits):
 
 # %% ../nbs/05a_dvae.ipynb #5112317a
 def dvae_loss(model: DVAE, images, key, step=None, advance: float = 0.0):
-    "Negative ELB per pixel value, `NLL + β(step)·KL` at temperature `τ(step)` (`step`: default `model.progress`, then advanced by `advance`)."
+    "Negative ELB per pixel value, `NLL + β(step)·KL` at temperature `τ(step)`, plus `usage_weight` × the codebook-usage KL (`step`: default `model.progress`, then advanced by `advance`)."
     cfg = model.cfg
     if step is None:
         step = model.progress[...]
