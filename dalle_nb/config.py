@@ -34,6 +34,7 @@ class VQGANConfig:
     norm_groups: int = 8              # GroupNorm groups (32 in the published model)
     norm_eps: float = 1e-6
     beta: float = 0.25                # commitment loss weight
+    restart_until: int = -200         # training: dead codes re-seeded every 100 steps before this step (negative: counted back from the last)
     signed_input: bool = True         # encoder reads images mapped to [-1, 1]; False: [0, 1], as dalle-mini encoded its data
     decoder_only: bool = False        # no encoder / quant_conv (min-dalle ships only the decoder, `detoker.pt`)
     dtype: str = "float32"

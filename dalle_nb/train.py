@@ -28,8 +28,8 @@ from .data import Batches, blank_captions, encode_images
 
 # %% auto #0
 __all__ = ['STAGES', 'TrainState', 'opt_state_shardings', 'TrainStep', 'make_sharded_train_step', 'make_train_step',
-           'Checkpointer', 'fit', 'plot_history', 'train_vqgan', 'train_decoder', 'encode_dataset', 'train_bart',
-           'hard_negatives', 'reconstruct', 'train_clip', 'stages_for', 'TrainSetupError', 'train_all']
+           'Checkpointer', 'fit', 'plot_history', 'restart_steps', 'train_vqgan', 'train_decoder', 'encode_dataset',
+           'train_bart', 'hard_negatives', 'reconstruct', 'train_clip', 'stages_for', 'TrainSetupError', 'train_all']
 
 # %% ../nbs/11_train.ipynb #4f63824b
 class TrainState(NamedTuple):
@@ -337,8 +337,13 @@ def _floats(batch):
     "uint8 image batches become [0, 1] floats on the device (inside the jitted step)."
     return jnp.asarray(batch, jnp.float32) / 255.0
 
+def restart_steps(until: int, steps: int, every: int = 100) -> list[int]:
+    "The steps after which the VQGAN's dead codes are re-seeded: every `every` before `until` (negative: `steps + until`)."
+    stop = until if until >= 0 else steps + until
+    return list(range(every, min(stop, steps), every))
+
 def train_vqgan(cfg: RunConfig, workdir, images, val_images, progress: bool = True):
-    "Stage 1: the VQGAN on uint8 `images`; dead codes re-seeded every 100 steps. Returns `(model, history)`."
+    "Stage 1: the VQGAN on uint8 `images`; dead codes re-seeded every 100 steps before `cfg.vqgan.restart_until`. Returns `(model, history)`."
     sc = cfg.vqgan_train
     model = VQGAN(cfg.vqgan, rngs=nnx.Rngs(sc.seed))
     init_codebook(model, to_float(images[:max(256, sc.batch_size)]), jax.random.key(sc.seed))
@@ -348,8 +353,9 @@ def train_vqgan(cfg: RunConfig, workdir, images, val_images, progress: bool = Tr
     def evaluate(m):
         ids = m.encode(val)
         return {"psnr": psnr(m.decode(ids), val), "codes_used": jnp.unique(ids, size=cfg.vqgan.n_embed, fill_value=-1).__ge__(0).sum()}
+    when = set(restart_steps(cfg.vqgan.restart_until, sc.steps))
     def restart(s, m, batch):
-        if s % 100 == 0 and s < sc.steps - 200: restart_dead_codes(m, _floats(batch["image"]), jax.random.key(s))
+        if s in when: restart_dead_codes(m, _floats(batch["image"]), jax.random.key(s))
     hist = fit(model, make_optimizer(sc), lambda m, b, k: vqgan_loss(m, _floats(b["image"])),
                Batches.on_mesh({"image": images}, sc.batch_size, mesh, seed=sc.seed), sc, mesh=mesh,
                workdir=Path(workdir) / "vqgan", eval_fn=evaluate, desc="vqgan", progress=progress, hooks=[restart])
