@@ -16,12 +16,12 @@ EXE = shutil.which("dalle-nb") or str(Path(sys.executable).with_name("dalle-nb")
 
 # Tokens the shipped model sampled for "a red circle above a blue square" (3 images, seed 7, cond scale 3, plausibility
 # 0.05) with the sampler as it was before image prompts and the DALL·E architecture were added (git 25e8c3e,
-# dalle_nb/sample.py); the sampler of today must draw exactly these. Regenerated when the shipped BART was retrained
-# (2026-11-23, 160,000 images) by running that commit's sample.py on the new weights.
+# dalle_nb/sample.py); the sampler of today must draw exactly these. Regenerated whenever the shipped model is
+# retrained (last: 2026-11-23, night, the 256-code VQGAN) by running that commit's sample.py on the new weights.
 SHIPPED_TOKENS = [
-    [281, 288, 786, 944, 995, 895, 876, 681, 716, 416, 401, 455, 644, 499, 461, 142, 630, 819, 802, 845, 463, 449, 630, 142, 413, 791, 626, 626, 891, 724, 801, 397, 643, 716, 950, 962, 299, 156, 800, 808, 332, 41, 81, 741, 398, 55, 451, 808, 461, 777, 590, 0, 68, 801, 345, 613, 882, 929, 705, 669, 669, 929, 350, 215],
-    [694, 469, 586, 917, 841, 444, 766, 681, 46, 727, 25, 670, 704, 451, 411, 142, 217, 616, 408, 561, 409, 252, 411, 142, 891, 206, 18, 409, 830, 599, 411, 142, 662, 427, 952, 156, 93, 157, 777, 142, 860, 497, 52, 89, 93, 157, 948, 142, 201, 154, 398, 505, 451, 949, 411, 793, 29, 1000, 706, 929, 669, 669, 705, 512],
-    [851, 870, 47, 254, 66, 66, 766, 681, 234, 351, 980, 179, 996, 411, 411, 142, 956, 875, 644, 499, 451, 949, 777, 142, 1005, 845, 463, 242, 346, 642, 777, 142, 307, 626, 18, 409, 252, 418, 777, 142, 662, 427, 952, 156, 108, 157, 777, 808, 860, 497, 52, 89, 108, 157, 411, 793, 596, 256, 474, 1000, 130, 669, 669, 215]]
+    [21, 180, 143, 30, 190, 190, 30, 157, 21, 157, 157, 30, 190, 12, 188, 168, 21, 157, 30, 30, 30, 196, 157, 168, 21, 180, 48, 48, 48, 188, 180, 168, 21, 188, 48, 94, 48, 188, 180, 168, 21, 188, 48, 48, 87, 188, 180, 168, 21, 157, 188, 196, 188, 180, 157, 168, 2, 157, 180, 180, 180, 157, 157, 71],
+    [21, 143, 30, 190, 190, 30, 143, 157, 21, 157, 30, 190, 12, 196, 180, 168, 21, 157, 143, 196, 188, 157, 180, 168, 21, 157, 180, 143, 157, 157, 157, 168, 21, 180, 180, 196, 30, 30, 188, 168, 21, 157, 188, 48, 48, 48, 188, 168, 21, 157, 188, 48, 94, 48, 188, 168, 2, 143, 188, 48, 48, 87, 188, 71],
+    [21, 180, 143, 30, 190, 190, 30, 157, 21, 157, 157, 30, 190, 12, 196, 168, 21, 157, 30, 30, 30, 196, 157, 168, 21, 188, 48, 48, 48, 188, 180, 168, 21, 188, 48, 94, 48, 188, 180, 168, 21, 188, 48, 48, 87, 188, 180, 168, 21, 157, 188, 196, 188, 180, 157, 168, 2, 157, 180, 180, 157, 180, 157, 71]]
 
 
 def test_shipped_model_samples_as_before():
@@ -45,7 +45,7 @@ def dalle_dir(tmp_path_factory):
     from dalle_nb.config import DalleConfig
     from dalle_nb.dalle import DalleTransformer
     m = load_models()
-    cfg = replace(m.cfg, arch="dalle", dalle=DalleConfig(d_model=32, layers=2, heads=4, conv_kernel=3, init_std=0.3))
+    cfg = replace(m.cfg, arch="dalle", dalle=DalleConfig(image_codes=m.cfg.vqgan.n_embed, d_model=32, layers=2, heads=4, conv_kernel=3, init_std=0.3))
     models = Models(cfg, m.text, m.vqgan, None, m.clip, dalle=DalleTransformer(cfg.dalle, rngs=nnx.Rngs(1)))
     return save_models(tmp_path_factory.mktemp("dalle") / "model", models)
 
