@@ -8,11 +8,29 @@ rate, then writes a model directory — the shipped one with this BART — for `
     python bench/bart_finetune.py --n 80000 --steps 1500 --out runs/bart_ft/model
     python bench/quality.py --model runs/bart_ft/model --scales 2 --out bench/results/bart_ft
 
+`--drop-attr P` tries attribute dropout for held-out pairs: per object, with probability P its colour word is left out
+("a large circle") and, independently, with probability P its shape is called "shape" ("a red shape"), so that each
+word alone must carry its attribute.
+
 An experiment, not a way to make the shipped model: `dalle-nb train` is that.
 """
 import argparse, json, shutil, time
 from dataclasses import replace
 from pathlib import Path
+
+
+def drop_attributes(captions, p: float, seed: int = 0) -> list[str]:
+    "Captions with, per object and independently with probability `p` each, the colour word left out or the shape word made 'shape'."
+    import re, numpy as np
+    from dalle_nb.shapes import PALETTE, SHAPES
+    rng = np.random.default_rng(seed)
+    pat = re.compile(r"\b(%s) (%s)\b" % ("|".join(PALETTE), "|".join(SHAPES)))
+    def one(m):
+        r = rng.random(2)
+        if r[0] < p: return m.group(2)
+        if r[1] < p: return m.group(1) + " shape"
+        return m.group(0)
+    return [pat.sub(one, c) for c in captions]
 
 
 def main(argv=None):
@@ -22,6 +40,8 @@ def main(argv=None):
     p.add_argument("--seed", type=int, default=1, help="data seed of the fresh images (the shipped model used 0)")
     p.add_argument("--steps", type=int, default=1500)
     p.add_argument("--lr", type=float, default=5e-4)
+    p.add_argument("--drop-attr", type=float, default=0.0,
+                   help="per object, the probability of dropping its colour word ('a circle') and, separately, of naming its shape 'shape' ('a red shape')")
     p.add_argument("--out", default="runs/bart_ft/model")
     a = p.parse_args(argv)
 
@@ -41,6 +61,7 @@ def main(argv=None):
     out = Path(a.out); work = out.parent
     t0 = time.perf_counter()
     imgs, caps = make_split("train", a.n, seed=a.seed)
+    if a.drop_attr: caps = drop_attributes(caps, a.drop_attr, a.seed)
     val_imgs, val_caps = make_split("val", 256, seed=cfg.data.seed)
     data = {"text": m.text(caps), "image": encode_dataset(m.vqgan, imgs, None, True)}
     val = {"text": jnp.asarray(m.text(val_caps)), "image": jnp.asarray(encode_dataset(m.vqgan, val_imgs, None, False))}

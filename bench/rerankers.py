@@ -12,7 +12,7 @@ candidate is best. The checker only grades; no scorer sees it. Scorers:
 - `bayes`: the transformer's posterior of the prompt among the prompt and its near misses.
 `--clip DIR` (repeatable) adds the `cos` of another model directory's CLIP on the same candidates.
 
-    python bench/rerankers.py [--model DIR] [--prompts 80] [--n 8] [--scales 1,1.5,2] [--clip DIR ...]
+    python bench/rerankers.py [--model DIR] [--prompts 80] [--n 8] [--scales 1,1.5,2] [--categories two,one] [--clip DIR ...]
 """
 import argparse, json
 from dataclasses import replace
@@ -49,6 +49,7 @@ def main(argv=None):
     p.add_argument("--prompts", type=int, default=80, help="two-object prompts (half as many one-object ones)")
     p.add_argument("--n", type=int, default=8)
     p.add_argument("--scales", default="1,1.5,2")
+    p.add_argument("--categories", default="two,one", help="prompt categories (two, one, heldout); 'one' gets half --prompts")
     p.add_argument("--clip", action="append", default=[], help="another model directory whose CLIP also scores")
     a = p.parse_args(argv)
 
@@ -72,7 +73,8 @@ def main(argv=None):
 
     blank = np.asarray(M.text.blank(1))
     rows = []
-    for cat, P in (("two", a.prompts), ("one", a.prompts // 2)):
+    for cat in a.categories.split(","):
+        P = a.prompts // 2 if cat == "one" else a.prompts
         prompts = eval_prompts(cat, P, seed=0)
         for scale in [float(s) for s in a.scales.split(",")]:
             picks, oks = {}, []
