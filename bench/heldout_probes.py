@@ -42,6 +42,10 @@ def main(argv=None):
     a = p.parse_args(argv)
     n = a.n or (32 if a.probe == "breakdown" else 8)
 
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).parent))
+    from rerankers import text                      # the plain caption of parsed objects
     import jax, jax.numpy as jnp
     from flax import nnx
     from dalle_nb.pipeline import Pipeline
@@ -52,8 +56,6 @@ def main(argv=None):
     pipe = Pipeline(a.model, batch_size=n)
     M = pipe.models
     if M.cfg.arch != "bart": raise SystemExit("heldout_probes.py mixes the BART's rows: use a bart model directory")
-    say = lambda o: "a " + (f"{o.size} " if o.size else "") + f"{o.color} {o.shape}"
-    text = lambda objs, rel: say(objs[0]) + (f" {rel} {say(objs[1])}" if len(objs) == 2 else "")
     full_colours = [c for c in PALETTE if all((c, s) not in HELD_OUT for s in SHAPES)]   # seen with every shape
 
     def shape_misses(prompt):

@@ -23,13 +23,19 @@ import numpy as np
 FLIP = {"to the left of": "to the right of", "to the right of": "to the left of", "above": "below", "below": "above"}
 
 
+def say(o) -> str: return "a " + (f"{o.size} " if o.size else "") + f"{o.color} {o.shape}"
+
+
+def text(objs, rel) -> str:
+    "The plain caption of one or two parsed objects (`parse_caption(...).objects`) and their relation."
+    return say(objs[0]) + (f" {rel} {say(objs[1])}" if len(objs) == 2 else "")
+
+
 def near_misses(caption: str) -> list[str]:
     "Every caption that differs from `caption` in one attribute, the relation, or (two objects) swapped colours/shapes/order."
     from dalle_nb.shapes import parse_caption, PALETTE, SHAPES
     spec = parse_caption(caption)
     objs, rel = list(spec.objects), spec.relation
-    say = lambda o: "a " + (f"{o.size} " if o.size else "") + f"{o.color} {o.shape}"
-    text = lambda os, r: say(os[0]) + (f" {r} {say(os[1])}" if len(os) == 2 else "")
     out = set()
     for i, o in enumerate(objs):
         changed = [replace(o, color=c) for c in PALETTE if c != o.color] + [replace(o, shape=s) for s in SHAPES if s != o.shape]
