@@ -20,7 +20,7 @@ from .clip import clip_scores
 from .sample import generate as sample_tokens, row_keys
 
 # %% auto #0
-__all__ = ['Result', 'PromptError', 'Pipeline', 'show_completions', 'generate', 'widget']
+__all__ = ['Result', 'PromptError', 'Pipeline', 'roundtrip_table', 'show_completions', 'generate', 'widget']
 
 # %% ../nbs/13_pipeline.ipynb #ae56c0a0
 @dataclass
@@ -141,6 +141,23 @@ class Pipeline:
         "CLIP scores of `images` against one prompt's ids."
         return np.concatenate([np.asarray(self._score(self.models.clip, jnp.asarray(images[i:i + self.batch_size]), jnp.asarray(text_ids)))
                                for i in range(0, len(images), self.batch_size)])
+
+# %% ../nbs/13_pipeline.ipynb #d2d6b7e6
+def roundtrip_table(pipe: Pipeline, k: int = 24, seed: int = 0) -> dict:
+    "`{(colour, shape, size): fraction of k one-object renders caption_match still accepts after encode → decode}`."
+    from dalle_nb.shapes import Obj, render, PALETTE, SHAPES, SIZES, SIZE, GRID, caption_match
+    if k <= 0: raise ValueError(f"k must be a positive number of renders, got {k}")
+    rng = np.random.default_rng(seed)
+    out = {}
+    for c in PALETTE:
+        for s in SHAPES:
+            for sz, r in SIZES.items():
+                xy = r + GRID * rng.integers(int(SIZE - 2 * r) // GRID + 1, size=(k, 2))
+                imgs = np.stack([render([Obj(c, s, sz, float(x), float(y), float(r))]) for x, y in xy])
+                ids = np.concatenate([np.asarray(pipe._encode(pipe.models.image_tokenizer, jnp.asarray(to_float(imgs[i:i + pipe.batch_size]))))
+                                      for i in range(0, k, pipe.batch_size)])
+                out[c, s, sz] = float(np.mean([caption_match(im, f"a {sz} {c} {s}") for im in pipe.decode(ids.reshape(k, -1))]))
+    return out
 
 # %% ../nbs/13_pipeline.ipynb #fc4239cf
 def show_completions(pipe: Pipeline, image, completions: dict, keep_rows: int, title: str = ""):
