@@ -13,6 +13,10 @@ of which plain super conditioning is the special case `s · full + (1 − s) · 
   "negative prompt" of diffusion models), cycling over the candidates;
 - `analogy`: super conditioning plus `a` × the BART's own shape direction measured on colours it has seen with every
   shape: for each object, mean over such colours X of `log p(·|X shape) − mean_{s'} log p(·|X s')`;
+- `compose`: conjunction of attribute-only captions (composable guidance, as Liu et al. 2022 do for diffusion):
+  `blank + f·(full − blank) + c·(colour-only − blank) + h·(shape-only − blank)`, where the colour-only caption names
+  each held-out object's shape "shape" ("a red shape") and the shape-only caption leaves its colour out ("a triangle") —
+  the captions `bench/bart_finetune.py --drop-attr` trains on; `--w "f,c,h;..."` lists the weight triples;
 - `breakdown`: the guidance baseline, split by object count and held-out pair, with what the checker saw instead.
 
 Every probe grades with `caption_match` (first candidate, CLIP's best, any) and never lets the checker choose.
@@ -20,6 +24,7 @@ Every probe grades with `caption_match` (first candidate, CLIP's best, any) and 
     python bench/heldout_probes.py guidance [--n 8] [--scale 2] [--temperature 1] [--alpha 0.05]
     python bench/heldout_probes.py negative [--n 8] [--scale 2]
     python bench/heldout_probes.py analogy --a 1,2,4 [--n 8] [--scale 2]
+    python bench/heldout_probes.py compose --w "2,0,0;0,1,1;1,1,1" --model runs/s16/ft_0.2/model
     python bench/heldout_probes.py breakdown [--n 32]
 """
 import argparse, json
@@ -31,7 +36,7 @@ import numpy as np
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("probe", choices=("guidance", "negative", "analogy", "breakdown"))
+    p.add_argument("probe", choices=("guidance", "negative", "analogy", "compose", "breakdown"))
     p.add_argument("--model", default=None)
     p.add_argument("--prompts", type=int, default=40)
     p.add_argument("--n", type=int, default=None, help="candidates per prompt (default 8; breakdown 32)")
@@ -39,6 +44,7 @@ def main(argv=None):
     p.add_argument("--temperature", type=float, default=1.0)
     p.add_argument("--alpha", type=float, default=0.05, help="plausibility guard (0 = off)")
     p.add_argument("--a", default="1,2,4", help="analogy weights")
+    p.add_argument("--w", default="2,0,0;0,1,1;1,1,1;0,2,2", help="compose: full, colour-only, shape-only weights; ';' between triples")
     a = p.parse_args(argv)
     n = a.n or (32 if a.probe == "breakdown" else 8)
 
@@ -96,6 +102,15 @@ def main(argv=None):
         _, toks = jax.lax.scan(step, (cache, jnp.full((B,), cfg.bos_id, jnp.int32)), jnp.arange(cfg.image_len, dtype=jnp.int32))
         return toks.T
 
+    def attr_only(prompt):
+        "The prompt with each held-out object's shape named 'shape', and with its colour left out."
+        spec = parse_caption(prompt); objs = list(spec.objects)
+        hold = [(o.color, o.shape) in HELD_OUT for o in objs]
+        say = lambda o, col, shp: "a " + " ".join(w for w in (o.size, col, shp) if w)
+        def cap(f): return " ".join([f(objs[0], hold[0])] + ([spec.relation, f(objs[1], hold[1])] if len(objs) == 2 else []))
+        return (cap(lambda o, h: say(o, o.color, "shape" if h else o.shape)),
+                cap(lambda o, h: say(o, None if h else o.color, o.shape)))
+
     blank = np.asarray(M.text.blank(1))[0]
 
     def run(prompt, i, caps, w, per_candidate=None):
@@ -117,7 +132,8 @@ def main(argv=None):
     prompts = eval_prompts("heldout", a.prompts, seed=0)
     s = a.scale
     variants = {"guidance": [None], "negative": [None], "breakdown": [None],
-                "analogy": [float(x) for x in a.a.split(",")]}[a.probe]
+                "analogy": [float(x) for x in a.a.split(",")],
+                "compose": [tuple(float(x) for x in t.split(",")) for t in a.w.split(";")]}[a.probe]
     for v in variants:
         first, best, anyok, rate = [], [], [], []
         split = defaultdict(lambda: [0, 0, 0.0])
@@ -128,6 +144,9 @@ def main(argv=None):
             elif a.probe == "analogy":
                 caps, w = analogy_rows(prompt, v)
                 imgs, ok, b = run(prompt, i, [prompt, ""] + caps, [s, 1 - s] + w)
+            elif a.probe == "compose":
+                f, c, h = v
+                imgs, ok, b = run(prompt, i, [prompt, *attr_only(prompt), ""], [f, c, h, 1 - f - c - h])
             else:
                 imgs, ok, b = run(prompt, i, [prompt, ""], [s, 1 - s])
             first.append(ok[0]); best.append(ok[b]); anyok.append(ok.any()); rate.append(ok.mean())
