@@ -29,7 +29,7 @@ def main(argv=None):
     p.add_argument("--out", required=True)
     a = p.parse_args(argv)
 
-    import numpy as np, jax, jax.numpy as jnp, optax
+    import numpy as np, jax.numpy as jnp, optax
     from flax import nnx
     from dalle_nb.config import override
     from dalle_nb.modeldir import load_models, save_models, default_model_dir

@@ -74,7 +74,7 @@ def main(argv=None):
     p.add_argument("--out", required=True)
     a = p.parse_args(argv)
 
-    import jax, jax.numpy as jnp
+    import jax.numpy as jnp
     from dataclasses import replace
     from flax import nnx
     from dalle_nb.modeldir import load_models
