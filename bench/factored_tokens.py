@@ -13,7 +13,7 @@ grades them with `caption_match`, reranking with the shipped CLIP; the seen one-
 control. An oracle experiment: it asks whether factorised tokens would be worth a tokenizer that learns them.
 
     python bench/factored_tokens.py --steps 1500 --n 48000 --out runs/factored/base
-    python bench/factored_tokens.py --steps 1500 --n 48000 --set encoder_layers=0 --out runs/factored/enc0
+    python bench/factored_tokens.py --steps 1500 --n 48000 --set bart.encoder_layers=0 --out runs/factored/enc0
     python bench/factored_tokens.py --n 48000 --candidates 8 --eval-only --out runs/factored/base
 """
 import argparse, json, time
@@ -66,7 +66,7 @@ class Factored:
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--set", action="append", default=[], help="BART config override, e.g. encoder_layers=0")
+    p.add_argument("--set", action="append", default=[], help="override of the shipped config, e.g. bart.encoder_layers=0")
     p.add_argument("--steps", type=int, default=1500)
     p.add_argument("--n", type=int, default=48_000)
     p.add_argument("--candidates", type=int, default=32, help="candidates per held-out prompt (seen prompts: 8)")
@@ -77,6 +77,7 @@ def main(argv=None):
     import jax.numpy as jnp
     from dataclasses import replace
     from flax import nnx
+    from dalle_nb.config import override
     from dalle_nb.modeldir import load_models
     from dalle_nb.shapes import make_split, eval_prompts, caption_match, parse_caption, detect, HELD_OUT
     from dalle_nb.bart import DalleBart, bart_loss
@@ -96,9 +97,9 @@ def main(argv=None):
     tok = Factored(imgs)
     ids = tok.encode(imgs)
     assert np.array_equal(tok.decode(ids[:512]), imgs[:512]), "the factored tokenizer must be lossless"
-    sets = {k: type(getattr(M.cfg.bart, k))(v) for k, v in (s.split("=", 1) for s in a.set)}
-    bc = replace(M.cfg.bart, image_codes=tok.vocab, image_vocab=tok.vocab, image_len=ids.shape[1], **sets)
-    sc = replace(M.cfg.bart_train, steps=a.steps, ckpt_every=10 ** 9)
+    cfg = override(M.cfg, a.set)
+    bc = replace(cfg.bart, image_codes=tok.vocab, image_vocab=tok.vocab, image_len=ids.shape[1])
+    sc = replace(cfg.bart_train, steps=a.steps, ckpt_every=10 ** 9)
     print(f"{tok.n_masks} masks, vocabulary {tok.vocab}, {ids.shape[1]} tokens per image; BART {bc}", flush=True)
 
     data = {"text": M.text(caps), "image": ids}
