@@ -85,7 +85,7 @@ def cmd_info(a) -> int:
     count = lambda mod: sum(x.size for x in jax.tree.leaves(nnx.state(mod, nnx.Param))) if mod is not None else 0
     print(f"model directory: {m.path}")
     tok = m.cfg.tokenizer_cfg
-    print(f"preset {m.cfg.name}: {'VQGAN' if m.cfg.image_tokenizer == 'vqgan' else 'dVAE'} {tok.resolution}px → {tok.grid}×{tok.grid} tokens of {tok.n_embed} codes; "
+    print(f"preset {m.cfg.name}: {'VQGAN' if m.cfg.image_tokenizer == 'vqgan' else 'dVAE'} {tok.resolution}px → {tok.grid}×{tok.grid} tokens of {tok.n_codes} codes{' (outline + colour per patch)' if getattr(tok, 'factored', False) else ''}; "
           f"transformer: {'BART (DALL·E Mega)' if m.cfg.arch == 'bart' else 'decoder-only sparse transformer (the DALL·E paper)'}")
     print("parameters: " + "  ".join(f"{n} {count(getattr(m, n)):,}" for n in ("vqgan", "dvae", "bart", "dalle", "clip") if getattr(m, n) is not None))
     if m.card: print("\n" + m.card.strip())

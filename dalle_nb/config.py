@@ -37,9 +37,11 @@ class VQGANConfig:
     restart_until: int = -200         # training: dead codes re-seeded every 100 steps before this step (negative: counted back from the last)
     signed_input: bool = True         # encoder reads images mapped to [-1, 1]; False: [0, 1], as dalle-mini encoded its data
     decoder_only: bool = False        # no encoder / quant_conv (min-dalle ships only the decoder, `detoker.pt`)
+    color_codes: int = 0              # > 0: factored tokens, per patch an outline code (of n_embed) then a colour code (of these)
     dtype: str = "float32"
 
     def __post_init__(self):
+        if self.color_codes < 0: raise ValueError(f"VQGANConfig: color_codes must be >= 0, got {self.color_codes}")
         if self.resolution % self.factor: raise ValueError(f"VQGANConfig: resolution {self.resolution} is not divisible by the downsampling factor {self.factor}")
         for c in {self.ch * m for m in self.ch_mult} | {self.z_channels}:
             if c % self.norm_groups: raise ValueError(f"VQGANConfig: {c} channels are not divisible by norm_groups={self.norm_groups}")
@@ -49,7 +51,11 @@ class VQGANConfig:
     @property
     def grid(self) -> int: return self.resolution // self.factor
     @property
-    def n_tokens(self) -> int: return self.grid ** 2
+    def factored(self) -> bool: return self.color_codes > 0
+    @property
+    def n_tokens(self) -> int: return self.grid ** 2 * (2 if self.factored else 1)
+    @property
+    def n_codes(self) -> int: return self.n_embed + self.color_codes
 
 # %% ../nbs/00_config.ipynb #a72f270f
 LN_TYPES = ("layernorm", "rmsnorm")
@@ -167,6 +173,8 @@ class DVAEConfig:
     def n_tokens(self) -> int: return self.grid ** 2
     @property
     def n_embed(self) -> int: return self.vocab_size
+    @property
+    def n_codes(self) -> int: return self.vocab_size
 
 # %% ../nbs/00_config.ipynb #433dccb5
 ATTN_KINDS = ("row", "column", "conv", "full")
@@ -309,8 +317,9 @@ class RunConfig:
         name, codes = ("the VQGAN", "n_embed") if self.image_tokenizer == "vqgan" else ("the dVAE", "vocab_size")
         model, (n_codes, n_len) = (("bart", (self.bart.image_codes, self.bart.image_len)) if self.arch == "bart" else
                                    ("dalle", (self.dalle.image_codes, self.dalle.image_len)))
-        if n_codes != tok.n_embed:
-            raise ValueError(f"RunConfig: {model}.image_codes={n_codes} but {name} has {codes}={tok.n_embed} codes")
+        if n_codes != tok.n_codes:
+            codes = "n_embed + color_codes" if getattr(tok, "factored", False) else codes
+            raise ValueError(f"RunConfig: {model}.image_codes={n_codes} but {name} has {codes}={tok.n_codes} codes")
         if n_len != tok.n_tokens:
             raise ValueError(f"RunConfig: {model}.image_len={n_len} but {name} makes {tok.n_tokens} tokens per image")
 

@@ -308,7 +308,7 @@ def encode_to_shards(source, out, models: Models, batch_size: int = 64, shard_si
     if n == 0: raise EncodeError(f"{', '.join(src.describe()['paths'])}: no image–caption records found")
     out.mkdir(parents=True, exist_ok=True)
     for stale in out.glob("*.tmp"): stale.unlink()                            # a shard or manifest cut short by a crash
-    code_type = pa.int16() if models.cfg.vqgan.n_embed <= 32767 else pa.int32()
+    code_type = pa.int16() if models.cfg.vqgan.n_codes <= 32767 else pa.int32()
     columns = {"key": "string", "caption": "string", "encoding": f"fixed_size_list<{code_type}>[{models.cfg.vqgan.n_tokens}]",
                **({"clip_score": "float32"} if clip_score else {})}
     job = {"format": FORMAT, "source": src.describe(), "model": _model_info(models), "shard_size": shard_size, "columns": columns}

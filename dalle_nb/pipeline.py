@@ -97,6 +97,11 @@ class Pipeline:
 
     @property
     def grid(self) -> int: return self.models.cfg.tokenizer_cfg.grid
+    @property
+    def row_tokens(self) -> int:
+        "Tokens per row of the grid (two per patch with factored tokens)."
+        t = self.models.cfg.tokenizer_cfg
+        return t.n_tokens // t.grid
 
     def encode_image(self, image) -> np.ndarray:
         "Token ids `[1, image_len]` of one image (uint8 or [0, 1] float `[H, W, 3]`, or an image file), resized to the tokenizer's resolution."
@@ -113,7 +118,7 @@ class Pipeline:
             return None, 0
         keep_rows = self.grid // 2 if keep_rows is None else int(keep_rows)
         if not 0 <= keep_rows <= self.grid: raise ValueError(f"keep_rows must be between 0 and the token grid's {self.grid} rows, got {keep_rows}")
-        return self.encode_image(image), keep_rows * self.grid
+        return self.encode_image(image), keep_rows * self.row_tokens
 
     def sample(self, text_ids, n: int, seed=0, cond_scale=1.0, temperature=1.0, top_k=0, top_p=1.0, plausibility=0.0,
                prefix=None, keep: int = 0) -> np.ndarray:

@@ -350,9 +350,10 @@ def train_vqgan(cfg: RunConfig, workdir, images, val_images, progress: bool = Tr
     mesh = mesh_from_spec(sc.mesh)
     val = to_float(val_images[:256])
     @nnx.jit
-    def evaluate(m):
+    def _evaluate(m, val):        # `val` an argument, not a constant XLA would try to fold
         ids = m.encode(val)
-        return {"psnr": psnr(m.decode(ids), val), "codes_used": jnp.unique(ids, size=cfg.vqgan.n_embed, fill_value=-1).__ge__(0).sum()}
+        return {"psnr": psnr(m.decode(ids), val), "codes_used": jnp.unique(ids, size=cfg.vqgan.n_codes, fill_value=-1).__ge__(0).sum()}
+    evaluate = lambda m: _evaluate(m, val)
     when = set(restart_steps(cfg.vqgan.restart_until, sc.steps))
     def restart(s, m, batch):
         if s in when: restart_dead_codes(m, _floats(batch["image"]), jax.random.key(s))
@@ -371,10 +372,11 @@ def _frozen_except(prefixes, tx):
 def train_decoder(cfg: RunConfig, workdir, vqgan: VQGAN, images, val_images, progress: bool = True):
     "Stage 1b: fine-tune `vqgan`'s decoder on its frozen codes (encoder and codebook untouched). Returns `(model, history)`."
     sc = cfg.decoder_train
-    tx = _frozen_except(("decoder", "post_quant_conv"), make_optimizer(sc))
+    tx = _frozen_except(("decoder", "post_quant_conv", "post_color_conv"), make_optimizer(sc))
     mesh = mesh_from_spec(sc.mesh)
     val = to_float(val_images[:256])
-    evaluate = nnx.jit(lambda m: {"psnr": psnr(m.decode(m.encode(val)), val)})
+    _evaluate = nnx.jit(lambda m, v: {"psnr": psnr(m.decode(m.encode(v)), v)})
+    evaluate = lambda m: _evaluate(m, val)
     hist = fit(vqgan, tx, lambda m, b, k: decoder_loss(m, _floats(b["image"])),
                Batches.on_mesh({"image": images}, sc.batch_size, mesh, seed=sc.seed), sc, mesh=mesh,
                workdir=Path(workdir) / "decoder", eval_fn=evaluate, desc="decoder", progress=progress)

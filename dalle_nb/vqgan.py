@@ -14,9 +14,10 @@ from .config import VQGANConfig, F16_VQGAN
 from .layers import Conv, param, swish, dtype_of
 
 # %% auto #0
-__all__ = ['GroupNorm', 'ResnetBlock', 'AttnBlock', 'Downsample', 'Upsample', 'space_to_depth', 'depth_to_space', 'Level', 'Mid',
-           'Encoder', 'Decoder', 'Usage', 'VectorQuantizer', 'VQGAN', 'psnr', 'image_gradients', 'vqgan_loss',
-           'decoder_loss', 'init_codebook', 'restart_dead_codes', 'show_reconstructions', 'vqgan_param_counts']
+__all__ = ['COLOR_DIM', 'GroupNorm', 'ResnetBlock', 'AttnBlock', 'Downsample', 'Upsample', 'space_to_depth', 'depth_to_space',
+           'Level', 'Mid', 'Encoder', 'Decoder', 'Usage', 'VectorQuantizer', 'VQGAN', 'figure_ground', 'patch_colors',
+           'PatchEncoder', 'psnr', 'image_gradients', 'vqgan_loss', 'decoder_loss', 'init_codebook',
+           'restart_dead_codes', 'show_reconstructions', 'vqgan_param_counts']
 
 # %% ../nbs/05_vqgan.ipynb #fa4e306f
 class GroupNorm(nnx.Module):
@@ -191,41 +192,105 @@ class VectorQuantizer(nnx.Module):
 class VQGAN(nnx.Module):
     "A taming-transformers VQGAN: `encode` images → ids, `decode` ids → images, `__call__` → reconstruction + losses."
     def __init__(self, cfg: VQGANConfig, *, rngs: nnx.Rngs):
-        self.encoder = Encoder(cfg, rngs=rngs) if not cfg.decoder_only else None
+        enc = not cfg.decoder_only
+        self.encoder = (PatchEncoder(cfg, rngs=rngs) if cfg.factored else Encoder(cfg, rngs=rngs)) if enc else None
         self.decoder = Decoder(cfg, rngs=rngs)
-        self.quant_conv = Conv(cfg.z_channels, cfg.embed_dim, 1, dtype=cfg.dtype, rngs=rngs) if not cfg.decoder_only else None
+        self.quant_conv = Conv(cfg.z_channels, cfg.embed_dim, 1, dtype=cfg.dtype, rngs=rngs) if enc else None
         self.quantize = VectorQuantizer(cfg.n_embed, cfg.embed_dim, cfg.beta, rngs=rngs)
         self.post_quant_conv = Conv(cfg.embed_dim, cfg.z_channels, 1, dtype=cfg.dtype, rngs=rngs)
+        # factored tokens (`color_codes > 0`): a second codebook, of patch colours, read by the decoder through its own 1×1 conv
+        self.quantize_color = VectorQuantizer(cfg.color_codes, COLOR_DIM, cfg.beta, rngs=rngs) if cfg.factored else None
+        self.post_color_conv = Conv(COLOR_DIM, cfg.z_channels, 1, dtype=cfg.dtype, rngs=rngs) if cfg.factored else None
         self.cfg = cfg
 
-    def features(self, images):
-        "Pre-quantisation encoder vectors `[B, g, g, embed_dim]` of images in [0, 1]."
+    def _pixels(self, images):
         if self.encoder is None:
             raise ValueError("VQGAN: this VQGAN has only a decoder (min-dalle ships only detoker.pt): it decodes tokens but cannot encode images")
         x = jnp.asarray(images, dtype_of(self.cfg.dtype))
-        if self.cfg.signed_input: x = x * 2 - 1
         if x.shape[1:] != (self.cfg.resolution, self.cfg.resolution, self.cfg.in_channels):
             raise ValueError(f"VQGAN: expected images [B, {self.cfg.resolution}, {self.cfg.resolution}, {self.cfg.in_channels}], got {x.shape}")
+        return x
+
+    def features(self, images):
+        "Pre-quantisation encoder vectors `[B, g, g, embed_dim]` of images in [0, 1] (factored: of their outlines)."
+        x = self._pixels(images)
+        if self.cfg.factored: x = figure_ground(x, self.cfg.factor)
+        if self.cfg.signed_input: x = x * 2 - 1
         return self.quant_conv(self.encoder(x))
 
-    def encode(self, images):
-        "Token ids `[B, grid*grid]` (row-major) of images in [0, 1]."
-        return self.quantize.lookup(self.features(images)).reshape(images.shape[0], -1)
+    def color_features(self, images):
+        "Factored only: each patch's colour vector `[B, g, g, 4]` (see `patch_colors`)."
+        return patch_colors(self._pixels(images), self.cfg.factor)
 
-    def decode_latents(self, zq):
-        return self.decoder(self.post_quant_conv(zq)).astype(jnp.float32)
+    def encode(self, images):
+        "Token ids `[B, n_tokens]` (row-major; factored: outline id, colour id per patch) of images in [0, 1]."
+        ids = self.quantize.lookup(self.features(images))
+        if self.cfg.factored:
+            ids = jnp.stack([ids, self.cfg.n_embed + self.quantize_color.lookup(self.color_features(images))], -1)
+        return ids.reshape(images.shape[0], -1)
+
+    def latents(self, ids):
+        "Codebook vectors of token ids `[B, n_tokens]`: `(codes [B, g, g, embed_dim], colours [B, g, g, 4] or None)`."
+        g, ids = self.cfg.grid, jnp.asarray(ids)
+        if ids.shape[-1] != self.cfg.n_tokens: raise ValueError(f"VQGAN: expected {self.cfg.n_tokens} token ids per image, got {ids.shape[-1]}")
+        if not self.cfg.factored: return self.quantize.embed(ids.reshape(-1, g, g)), None
+        t = ids.reshape(-1, g, g, 2)      # an id from the other codebook's range is read as the nearest id of the right one
+        outline = jnp.clip(t[..., 0], 0, self.cfg.n_embed - 1)
+        color = jnp.clip(t[..., 1] - self.cfg.n_embed, 0, self.cfg.color_codes - 1)
+        return self.quantize.embed(outline), self.quantize_color.embed(color)
+
+    def decode_latents(self, zq, zc=None):
+        z = self.post_quant_conv(zq)
+        if zc is not None: z = z + self.post_color_conv(zc.astype(z.dtype))
+        return self.decoder(z).astype(jnp.float32)
 
     def decode(self, ids):
-        "Images in [0, 1], `[B, H, W, 3]`, of token ids `[B, grid*grid]`."
-        g = self.cfg.grid
-        if ids.shape[-1] != g * g: raise ValueError(f"VQGAN: expected {g * g} token ids per image, got {ids.shape[-1]}")
-        zq = self.quantize.embed(jnp.asarray(ids).reshape(-1, g, g))
-        return jnp.clip(self.decode_latents(zq), 0.0, 1.0)
+        "Images in [0, 1], `[B, H, W, 3]`, of token ids `[B, n_tokens]`."
+        return jnp.clip(self.decode_latents(*self.latents(ids)), 0.0, 1.0)
 
     def __call__(self, images, update_usage: bool = False):
         "Reconstruction (unclipped) and `{ids, codebook losses, perplexity}`."
         zq, ids, losses = self.quantize(self.features(images), update_usage)
-        return self.decode_latents(zq), {**losses, "ids": ids.reshape(images.shape[0], -1)}
+        zc = None
+        if self.cfg.factored:
+            zc, cids, closs = self.quantize_color(self.color_features(images), update_usage)
+            ids = jnp.stack([ids, self.cfg.n_embed + cids], -1)
+            losses = {**{k: losses[k] + closs[k] for k in ("codebook", "commit", "loss")},
+                      "perplexity": losses["perplexity"], "color_perplexity": closs["perplexity"]}
+        return self.decode_latents(zq, zc), {**losses, "ids": ids.reshape(images.shape[0], -1)}
+
+# %% ../nbs/05_vqgan.ipynb #aba97427
+COLOR_DIM = 4       # a patch colour vector: mean RGB of its figure pixels, and how much figure it has
+
+def figure_ground(x, p: int, floor: float = 0.1):
+    "`[B, H, W, 1]` in [0, 1]: each pixel's distance from the background colour (the median border pixel) over the largest in its `p × p` patch."
+    border = jnp.concatenate([x[:, 0], x[:, -1], x[:, :, 0], x[:, :, -1]], 1).astype(jnp.float32)
+    bg = jnp.median(border, axis=1)
+    d = jnp.sqrt(((x.astype(jnp.float32) - bg[:, None, None]) ** 2).sum(-1, keepdims=True))
+    top = space_to_depth(d, p).max(-1)
+    top = jnp.repeat(jnp.repeat(top, p, 1), p, 2)[..., None]
+    return (d / jnp.maximum(top, floor)).astype(x.dtype)   # `floor`: a patch of faint noise stays near 0
+
+def patch_colors(x, p: int):
+    "`[B, H/p, W/p, 4]`: per `p × p` patch, the mean colour of its figure pixels (weighted by `figure_ground`) and its largest weight."
+    w = space_to_depth(figure_ground(x, p), p).astype(jnp.float32)                 # [B, g, g, p²]
+    px = space_to_depth(x.astype(jnp.float32), p)
+    px = px.reshape(*px.shape[:3], p * p, -1)                                       # [B, g, g, p², 3]
+    mean = (px * w[..., None]).sum(-2) / jnp.maximum(w.sum(-1, keepdims=True), 1e-6)
+    has = w.max(-1, keepdims=True)
+    return jnp.concatenate([mean * has, has], -1).astype(x.dtype)
+
+class PatchEncoder(nnx.Module):
+    "The outline stream's encoder: each `factor × factor` patch of a one-channel map → `[z_channels]`, by an MLP that sees only that patch."
+    def __init__(self, cfg: VQGANConfig, *, rngs: nnx.Rngs):
+        f, h = cfg.factor, cfg.ch * cfg.ch_mult[-1]
+        self.fc1 = Conv(f * f, h, 1, dtype=cfg.dtype, rngs=rngs)
+        self.fc2 = Conv(h, h, 1, dtype=cfg.dtype, rngs=rngs)
+        self.fc3 = Conv(h, cfg.z_channels, 1, dtype=cfg.dtype, rngs=rngs)
+        self.factor = f
+
+    def __call__(self, x):
+        return self.fc3(swish(self.fc2(swish(self.fc1(space_to_depth(x, self.factor))))))
 
 # %% ../nbs/05_vqgan.ipynb #dceef882
 def psnr(a, b) -> jax.Array:
@@ -252,19 +317,23 @@ def vqgan_loss(model: VQGAN, images, l1: float = 1.0, l2: float = 1.0, edge: flo
 def decoder_loss(model: VQGAN, images, l1: float = 1.0, l2: float = 1.0):
     "`l1·L1 + l2·L2` reconstruction loss through the decoder only: the codes of `images` are looked up without gradient."
     images = jnp.asarray(images, jnp.float32)
-    g = model.cfg.grid
-    zq = jax.lax.stop_gradient(model.quantize.embed(model.encode(images).reshape(-1, g, g)))
-    recon = model.decode_latents(zq)
+    zq, zc = jax.tree.map(jax.lax.stop_gradient, model.latents(model.encode(images)))
+    recon = model.decode_latents(zq, zc)
     err = recon - images
     loss = l1 * jnp.abs(err).mean() + l2 * (err ** 2).mean()
     return loss, {"loss": loss, "psnr": psnr(jnp.clip(recon, 0, 1), images)}
 
 # %% ../nbs/05_vqgan.ipynb #1c675996
-def _sample_features(model: VQGAN, images, key, n: int, weighted: bool = True):
-    "`n` encoder vectors of `images`, drawn with probability ∝ their squared distance to the nearest code (if `weighted`)."
-    f = model.features(images).reshape(-1, model.cfg.embed_dim).astype(jnp.float32)
+def _codebooks(model: VQGAN):
+    "`(quantizer, features of images)` for each codebook: one, or the outline's and the colours' of a factored VQGAN."
+    return [(model.quantize, model.features)] + ([(model.quantize_color, model.color_features)] if model.cfg.factored else [])
+
+def _sample_features(q: VectorQuantizer, features, images, key, n: int, weighted: bool = True):
+    "`n` encoder vectors of `images`, drawn with probability ∝ their squared distance to `q`'s nearest code (if `weighted`)."
+    f = features(images).astype(jnp.float32)
+    f = f.reshape(-1, f.shape[-1])
     if weighted:
-        e = model.quantize.embedding[...].astype(jnp.float32)
+        e = q.embedding[...].astype(jnp.float32)
         err = jnp.min((f * f).sum(-1, keepdims=True) - 2 * f @ e.T + (e * e).sum(-1), axis=-1)
         p = jnp.maximum(err, 0) + 1e-12
         pick = jax.random.choice(key, f.shape[0], (n,), p=p / p.sum())
@@ -274,23 +343,27 @@ def _sample_features(model: VQGAN, images, key, n: int, weighted: bool = True):
 
 @nnx.jit
 def init_codebook(model: VQGAN, images, key, rounds: int = 8):
-    "Spread the codebook over the encoder vectors of `images`: k-means++-like, `rounds` rounds of error-weighted draws."
-    n = model.cfg.n_embed
-    model.quantize.embedding[...] = _sample_features(model, images, key, n, weighted=False).astype(model.quantize.embedding.dtype)
-    per = -(-n // rounds)
-    for r in range(1, rounds):      # each round replaces a slice of codes by vectors the codebook represents worst
-        fresh = _sample_features(model, images, jax.random.fold_in(key, r), per).astype(model.quantize.embedding.dtype)
-        model.quantize.embedding[...] = model.quantize.embedding[...].at[r * per:(r + 1) * per].set(fresh[:n - r * per])
+    "Spread each codebook over the encoder vectors of `images`: k-means++-like, `rounds` rounds of error-weighted draws."
+    for j, (q, features) in enumerate(_codebooks(model)):
+        key_j, n = jax.random.fold_in(key, 1000 * j), q.embedding.shape[0]
+        q.embedding[...] = _sample_features(q, features, images, key_j, n, weighted=False).astype(q.embedding.dtype)
+        per = -(-n // rounds)
+        for r in range(1, rounds):      # each round replaces a slice of codes by vectors the codebook represents worst
+            fresh = _sample_features(q, features, images, jax.random.fold_in(key_j, r), per).astype(q.embedding.dtype)
+            q.embedding[...] = q.embedding[...].at[r * per:(r + 1) * per].set(fresh[:n - r * per])
 
 @nnx.jit
 def restart_dead_codes(model: VQGAN, images, key, threshold: float = 0.03) -> jax.Array:
-    "Move codes used less than `threshold / n_embed` of the time to poorly represented encoder vectors; returns how many moved."
-    n = model.cfg.n_embed
-    dead = model.quantize.usage[...] < threshold / n
-    fresh = _sample_features(model, images, key, n).astype(model.quantize.embedding.dtype)
-    model.quantize.embedding[...] = jnp.where(dead[:, None], fresh, model.quantize.embedding[...])
-    model.quantize.usage[...] = jnp.where(dead, 1.0 / n, model.quantize.usage[...])
-    return dead.sum()
+    "Move codes used less than `threshold / n` of the time (`n` codes in their codebook) to poorly represented encoder vectors; returns how many moved."
+    moved = 0
+    for j, (q, features) in enumerate(_codebooks(model)):
+        n = q.embedding.shape[0]
+        dead = q.usage[...] < threshold / n
+        fresh = _sample_features(q, features, images, jax.random.fold_in(key, 1000 * j), n).astype(q.embedding.dtype)
+        q.embedding[...] = jnp.where(dead[:, None], fresh, q.embedding[...])
+        q.usage[...] = jnp.where(dead, 1.0 / n, q.usage[...])
+        moved = moved + dead.sum()
+    return moved
 
 # %% ../nbs/05_vqgan.ipynb #bd419466
 def show_reconstructions(model: VQGAN, images, n: int = 8, title: str = "originals (top) and reconstructions (bottom)"):
@@ -308,6 +381,6 @@ def vqgan_param_counts(cfg: VQGANConfig) -> dict:
     m = nnx.eval_shape(lambda: VQGAN(cfg, rngs=nnx.Rngs(0)))
     count = lambda mod: 0 if mod is None else sum(int(np.prod(v.shape)) for v in jax.tree.leaves(nnx.state(mod, nnx.Param)))
     out = {"encoder": count(m.encoder), "decoder": count(m.decoder)}
-    out["quantizer"] = count(m.quantize) + count(m.quant_conv) + count(m.post_quant_conv)
+    out["quantizer"] = sum(count(getattr(m, k)) for k in ("quantize", "quant_conv", "post_quant_conv", "quantize_color", "post_color_conv"))
     out["total"] = sum(out.values())
     return out

@@ -72,3 +72,52 @@ def test_quality_bench_runs_on_a_model_directory(tmp_path):
     assert [(r["category"], r["cond_scale"]) for r in rows] == [(c, s) for c in ("one", "two", "heldout") for s in (1.0, 3.0)]
     assert all(0 <= r["first"] <= r["oracle"] <= 1 and r["reranked"] <= r["oracle"] for r in rows)
     assert (tmp_path / "out" / "quality.png").stat().st_size > 0
+
+
+def test_factored_tokens_through_the_pipeline(tmp_path):
+    "A factored VQGAN (outline + colour code per patch) in a model directory: sampling, image prompts, save and reload."
+    from dataclasses import replace
+    from flax import nnx
+    from dalle_nb.modeldir import Models
+    from dalle_nb.vqgan import VQGAN
+    from dalle_nb.bart import DalleBart
+    m = micro_models(seed=3)
+    vq = replace(m.cfg.vqgan, n_embed=16, color_codes=8)
+    cfg = replace(m.cfg, vqgan=vq, bart=replace(m.cfg.bart, image_codes=vq.n_codes, image_vocab=vq.n_codes, image_len=vq.n_tokens))
+    assert (vq.grid, vq.n_tokens, vq.n_codes) == (4, 32, 24)
+    models = Models(cfg, m.text, VQGAN(vq, rngs=nnx.Rngs(0)), DalleBart(cfg.bart, rngs=nnx.Rngs(1)), m.clip)
+    pipe = Pipeline(models, batch_size=4)
+    r = pipe("a red circle", n=3, rerank=2, seed=4)
+    assert r.tokens.shape == (2, 32) and r.images.shape == (2, 16, 16, 3) and r.scores[0] >= r.scores[1]
+    picture = np.zeros((16, 16, 3), np.uint8); picture[:] = 240; picture[4:12, 4:12] = (220, 30, 30)
+    ids = pipe.encode_image(picture)
+    pairs = ids.reshape(-1, 2)
+    assert (pairs[:, 0] < 16).all() and (pairs[:, 1] >= 16).all()          # outline id, then colour id, per patch
+    assert pipe.row_tokens == 8
+    done = pipe("a red circle", n=2, rerank=0, seed=4, image_prompt=picture, keep_rows=1)
+    assert (done.tokens[:, :8] == ids[:, :8]).all()                         # one grid row is 8 tokens
+    with pytest.raises(ValueError, match="expected 32 token ids"):
+        models.vqgan.decode(np.zeros((1, 16), np.int32))
+    wrong_slots = models.vqgan.decode(np.full((1, 32), 20, np.int32))        # colour ids in outline slots: clipped, drawn
+    assert np.isfinite(np.asarray(wrong_slots)).all()
+    again = Pipeline(load_models(save_models(tmp_path / "m", models, dtype=None)), batch_size=4)
+    assert again.cfg.vqgan.color_codes == 8
+    assert (again("a red circle", n=3, rerank=0, seed=4).tokens == pipe("a red circle", n=3, rerank=0, seed=4).tokens).all()
+
+
+def test_shipped_tokenizer_spells_held_out_pairs_with_seen_tokens():
+    "The shipped VQGAN is factored: a red triangle (held out) has a green triangle's outline ids and a red square's colour ids."
+    import jax.numpy as jnp
+    from dalle_nb.shapes import Obj, render, caption_match, HELD_OUT
+    m = load_models()
+    assert m.cfg.vqgan.factored and ("red", "triangle") in HELD_OUT
+    drawn = np.stack([render([Obj(c, s, "large", 28, 28, 12)]) for c, s in (("red", "triangle"), ("green", "triangle"), ("red", "square"))])
+    x = jnp.asarray(drawn / 255.0, jnp.float32)
+    ids = np.asarray(m.vqgan.encode(x)).reshape(3, -1, 2)
+    assert (ids[0, :, 0] == ids[1, :, 0]).all()                              # outline: the same, whatever the colour
+    figure = ids[0, :, 0] != ids[0, 0, 0]                                    # patches the triangle covers (patch 0 is background)
+    assert figure.sum() >= 6
+    assert set(ids[0, figure, 1]).isdisjoint(ids[1, figure, 1])              # red is not green ...
+    assert set(ids[0, figure, 1]) <= set(ids[2, :, 1])                       # ... and is the red square's red
+    from dalle_nb.images import to_uint8
+    assert caption_match(to_uint8(np.asarray(m.vqgan.decode(ids[:1].reshape(1, -1))))[0], "a large red triangle")
