@@ -263,13 +263,13 @@ class VQGAN(nnx.Module):
 COLOR_DIM = 4       # a patch colour vector: mean RGB of its figure pixels, and how much figure it has
 
 def figure_ground(x, p: int, floor: float = 0.1):
-    "`[B, H, W, 1]` in [0, 1]: each pixel's distance from the background colour (the median border pixel) over the largest in its `p × p` patch."
+    "`[B, H, W, 1]` in [0, 1]: each pixel's distance from the background colour (the median border pixel) over the largest in its `p × p` patch (0 where that is below `floor`)."
     border = jnp.concatenate([x[:, 0], x[:, -1], x[:, :, 0], x[:, :, -1]], 1).astype(jnp.float32)
     bg = jnp.median(border, axis=1)
     d = jnp.sqrt(((x.astype(jnp.float32) - bg[:, None, None]) ** 2).sum(-1, keepdims=True))
     top = space_to_depth(d, p).max(-1)
     top = jnp.repeat(jnp.repeat(top, p, 1), p, 2)[..., None]
-    return (d / jnp.maximum(top, floor)).astype(x.dtype)   # `floor`: a patch of faint noise stays near 0
+    return jnp.where(top < floor, 0.0, d / jnp.maximum(top, floor)).astype(x.dtype)   # faint noise only: no figure
 
 def patch_colors(x, p: int):
     "`[B, H/p, W/p, 4]`: per `p × p` patch, the mean colour of its figure pixels (weighted by `figure_ground`) and its largest weight."
