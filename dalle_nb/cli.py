@@ -10,7 +10,7 @@ import argparse, os, sys, time, warnings
 from pathlib import Path
 
 # %% auto #0
-__all__ = ['UsageError', 'cmd_generate', 'cmd_train', 'cmd_info', 'cmd_encode', 'cmd_convert', 'build_parser', 'main']
+__all__ = ['UsageError', 'cmd_train', 'cmd_info', 'cmd_encode', 'cmd_convert', 'cmd_generate', 'build_parser', 'main']
 
 # %% ../nbs/14_cli.ipynb #66f096ee
 class UsageError(Exception):
@@ -25,30 +25,6 @@ def _enable_compile_cache():
         jax.config.update("jax_compilation_cache_dir", str(d))
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
     except (OSError, AttributeError): pass
-
-def cmd_generate(a) -> int:
-    "Generate images for a prompt and write PNGs + a grid to `--out`."
-    from dalle_nb.pipeline import Pipeline, PromptError
-    from dalle_nb.modeldir import ModelDirError
-    if a.n <= 0: raise UsageError(f"--n must be a positive number of images, got {a.n}")
-    if a.rerank is not None and not 0 <= a.rerank <= a.n: raise UsageError(f"--rerank must be between 0 and --n ({a.n}), got {a.rerank}")
-    if a.keep_rows is not None and a.image_prompt is None: raise UsageError("--keep-rows needs --image-prompt (keep_rows needs an image prompt)")
-    if a.image_prompt is not None and not Path(a.image_prompt).is_file(): raise UsageError(f"{a.image_prompt}: no such image file")
-    try:
-        t0 = time.perf_counter()
-        pipe = Pipeline(a.model)
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            r = pipe(a.prompt, n=a.n, rerank=a.rerank, cond_scale=a.cond_scale, seed=a.seed, temperature=a.temperature,
-                     top_k=a.top_k, top_p=a.top_p, plausibility=a.plausibility, image_prompt=a.image_prompt, keep_rows=a.keep_rows)
-        for w in caught: print(f"dalle-nb: warning: {w.message}", file=sys.stderr)
-    except (PromptError, ModelDirError, ValueError) as e:
-        raise UsageError(str(e)) from None
-    paths = r.save(a.out)
-    scores = "" if r.scores is None else "  clip scores: " + " ".join(f"{s:.3f}" for s in r.scores)
-    print(f"{len(r.images)} image(s) for {a.prompt!r} in {time.perf_counter() - t0:.1f}s{scores}")
-    print(f"wrote {len(paths) - 1} PNG(s) and grid.png to {Path(a.out).resolve()}")
-    return 0
 
 def cmd_train(a) -> int:
     "Train the stages of a preset (with `--set` overrides) into `--workdir`; the model directory is `workdir/model`."
@@ -127,17 +103,150 @@ def cmd_convert(a) -> int:
     print(f"model directory: {Path(path).resolve()}   (dalle-nb generate \"...\" --model {path})")
     return 0
 
+# %% ../nbs/14_cli.ipynb #238a5680
+_FLAGS = dict(every="--progressive", image_prompt="--image-prompt")   # settings whose flag is not `--` + the name, dashed
+
+def _flag(name: str) -> str: return _FLAGS.get(name, "--" + name.replace("_", "-"))
+
+def _prompts(a) -> list[str]:
+    "The prompts of a `generate` call: the argument, or the lines of `--prompts FILE` (blank lines and `#` comments skipped)."
+    if (a.prompt is None) == (a.prompts is None): raise UsageError("give one prompt, or --prompts FILE (one prompt per line), or --from PNG")
+    if a.prompts is None: return [a.prompt]
+    try: lines = Path(a.prompts).read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as e: raise UsageError(f"--prompts {a.prompts}: cannot read it ({getattr(e, 'strerror', None) or e})") from None
+    prompts = [l.strip() for l in lines if l.strip() and not l.lstrip().startswith("#")]
+    if not prompts: raise UsageError(f"--prompts {a.prompts}: no prompts in it (one per line)")
+    return prompts
+
+def _writable(out: Path, names: list[str]) -> list[Path]:
+    "Create `out` (one sub-folder per name when there are several) and prove it takes a file — before any work."
+    dirs = [out] if len(names) == 1 else [out / n for n in names]
+    try:
+        for d in dirs:
+            d.mkdir(parents=True, exist_ok=True)
+            probe = d / ".dalle-nb-write-test"; probe.write_bytes(b""); probe.unlink()
+    except OSError as e: raise UsageError(f"--out {out}: cannot write there ({e.strerror or e})") from None
+    return dirs
+
+def _folders(prompts: list[str]) -> list[str]:
+    "A distinct folder name per prompt: its slug, then -2, -3 … for repeats."
+    from dalle_nb.pipeline import slug
+    seen, out = {}, []
+    for p in prompts:
+        s = slug(p); seen[s] = seen.get(s, 0) + 1
+        out.append(s if seen[s] == 1 else f"{s}-{seen[s]}")
+    return out
+
+# %% ../nbs/14_cli.ipynb #cd0a6289
+def _checked(a, prompts):
+    "Load the model and check every setting, prompt and the image prompt before any work; `(pipeline, settings, warnings)`."
+    from dalle_nb.pipeline import Pipeline, PromptError, SettingError, check_setting
+    from dalle_nb.modeldir import ModelDirError
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            every = None if a.progressive is None else check_setting("every", a.progressive)
+            pipe = Pipeline(a.model)
+            st = pipe.settings(a.n, a.rerank, a.cond_scale, 0 if a.seed is None else a.seed, a.temperature, a.top_k, a.top_p, a.plausibility)
+            for i, p in enumerate(prompts):
+                try: pipe.encode_prompt(p)
+                except PromptError as e: raise PromptError(f"--prompts {a.prompts} prompt {i + 1} ({p!r}): {e}" if a.prompts else str(e)) from None
+            pipe.image_prompt(a.image_prompt, a.keep_rows)
+    except SettingError as e: raise UsageError(f"{_flag(e.name)} {e.message}") from None
+    except (PromptError, ModelDirError, ValueError) as e: raise UsageError(str(e)) from None
+    return pipe, dict(st, every=every), [str(w.message) for w in caught]
+
+def _progress_writer(out: Path, every):
+    "Callback part that writes `--progressive` frames (a grid of the batch per step) into `out/progress/`; `.gif()` joins them."
+    frames = []
+    def write(step):
+        if every is None: return
+        from dalle_nb.images import image_grid, save_png
+        frames.append(save_png(image_grid(step.images), out / "progress" / f"frame_{len(frames):04d}.png"))
+    def gif():
+        if not frames: return None
+        from PIL import Image
+        ims = [Image.open(f).convert("RGB") for f in frames]
+        ims[0].save(out / "progress.gif", save_all=True, append_images=ims[1:] + [ims[-1]] * 4, duration=120, loop=0)
+        return out / "progress.gif"
+    write.gif = gif
+    return write
+
+# %% ../nbs/14_cli.ipynb #00311ba7
+def cmd_generate(a) -> int:
+    "Generate images for a prompt (or `--prompts FILE`, or again `--from PNG`), writing each PNG as its batch finishes."
+    import numpy as np
+    from tqdm.auto import tqdm
+    from dalle_nb.pipeline import ImageFolder
+    if a.from_png is not None: return _regenerate(a)
+    prompts = _prompts(a)
+    t0 = time.perf_counter()
+    pipe, st, notes = _checked(a, prompts)
+    for n in notes: print(f"dalle-nb: warning: {n}", file=sys.stderr)
+    out = Path(a.out)
+    folders = [ImageFolder(d) for d in _writable(out, _folders(prompts))]
+    total, est = st["n"] * len(prompts), pipe.memory_estimate(st["n"], st["rerank"], len(prompts))
+    print(f"dalle-nb: {total} image(s) to draw for {len(prompts)} prompt(s), {min(pipe.batch_size, total)} at a time; memory: about "
+          f"{est['total'] / 2**20:,.0f} MiB (weights {est['weights'] / 2**20:,.0f}, a batch {est['batch'] / 2**20:,.0f}, images kept {est['kept'] / 2**20:,.0f})", file=sys.stderr)
+    bar = tqdm(total=total, unit="image", desc="generating", file=sys.stderr, disable=a.quiet)
+    frames, written = _progress_writer(out, st["every"]), {}
+    def on_step(step, results):
+        frames(step)
+        if not step.final: bar.set_postfix_str(f"tokens {step.t}/{step.image_len}"); return
+        bar.set_postfix_str("")
+        for j in np.unique(step.prompts): written[int(j)] = (results[j], folders[j].sync(results[j]))
+        bar.update(len(step.indices))
+    try:
+        pipe.many(prompts, callback=on_step, every=st["every"], image_prompt=a.image_prompt, keep_rows=a.keep_rows,
+                  **{k: st[k] for k in ("n", "rerank", "cond_scale", "seed", "temperature", "top_k", "top_p", "plausibility")})
+    except KeyboardInterrupt:
+        bar.close()
+        kept = sum(len(r.images) for r, _ in written.values())
+        print(f"dalle-nb: interrupted: kept the {kept} finished image(s) in {out.resolve()}", file=sys.stderr)
+        return 130
+    finally: preview = frames.gif()
+    bar.close()
+    for j, (r, paths) in sorted(written.items()):
+        scores = "" if r.scores is None else "  clip scores: " + " ".join(f"{s:.3f}" for s in r.scores)
+        print(f"{len(r.images)} image(s) for {r.prompt!r}{scores}")
+        print(f"  wrote {len(paths) - 1} PNG(s) and grid.png to {folders[j].dir.resolve()}, best first: " + " ".join(p.name for p in paths[:-1]))
+    print(f"done in {time.perf_counter() - t0:.1f}s" + (f"; progressive frames in {out / 'progress'}, animated: {preview}" if preview else ""))
+    return 0
+
+# %% ../nbs/14_cli.ipynb #4c285dd8
+def _regenerate(a) -> int:
+    "`generate --from PNG`: draw the image a PNG's generation record describes again, into `--out`."
+    from dalle_nb.pipeline import Pipeline, read_record
+    from dalle_nb.modeldir import ModelDirError
+    given = [f for f in ("prompt", "prompts", "n", "rerank", "cond_scale", "seed", "temperature", "top_k", "top_p", "plausibility",
+                         "image_prompt", "keep_rows", "progressive") if getattr(a, f) is not None]
+    if given: raise UsageError(f"--from draws the image again with its own settings; drop {', '.join(_flag(f) if f != 'prompt' else 'the prompt' for f in given)}")
+    if not Path(a.from_png).is_file(): raise UsageError(f"--from {a.from_png}: no such file")
+    try: rec = read_record(a.from_png)
+    except ValueError as e: raise UsageError(f"--from {e}") from None
+    model = a.model or (None if rec.get("model") in ("shipped", "", None) else rec["model"])
+    try: r, same = Pipeline(model).regenerate(rec)
+    except ModelDirError as e: raise UsageError(f"{e} (the model the image was made with; give --model DIR)") from None
+    except ValueError as e: raise UsageError(f"--from {a.from_png}: {e}") from None
+    paths = r.save(_writable(Path(a.out), ["."])[0])
+    if not same: print("dalle-nb: warning: the tokens differ from the ones recorded (another machine or library version draws differently)", file=sys.stderr)
+    print(f"regenerated {paths[0].name} ({rec['prompt']!r}, seed {rec['seed']}, candidate {rec['index']})"
+          f"{': the same tokens as recorded' if same else ''} in {Path(a.out).resolve()}")
+    return 0
+
 # %% ../nbs/14_cli.ipynb #344b6754
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="dalle-nb", description="DALL·E Mega in JAX/Flax: generate images from text, train models.")
     sub = p.add_subparsers(dest="command", required=True)
-    g = sub.add_parser("generate", help="text → images (PNG files, best first, plus grid.png)")
-    g.add_argument("prompt", help="what to draw")
-    g.add_argument("--out", required=True, help="directory for the PNG files")
-    g.add_argument("--n", type=int, default=8, help="candidates to sample (default 8)")
+    g = sub.add_parser("generate", help="text → images (PNG files that record how they were made, plus grid.png)")
+    g.add_argument("prompt", nargs="?", default=None, help="what to draw")
+    g.add_argument("--out", required=True, help="directory for the PNG files (a folder per prompt with --prompts)")
+    g.add_argument("--prompts", default=None, metavar="FILE", help="one prompt per line (blank lines and # comments skipped), drawn in shared batches")
+    g.add_argument("--from", dest="from_png", default=None, metavar="PNG", help="draw an image made by dalle-nb again, from the record in its PNG")
+    g.add_argument("--n", type=int, default=None, help="candidates to sample per prompt (default: the model's, 8 for the shipped one)")
     g.add_argument("--rerank", type=int, default=None, help="keep the K best by CLIP score (0 = keep all, unranked)")
     g.add_argument("--cond-scale", type=float, default=None, help="super-conditioning scale (1 = none)")
-    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--seed", type=int, default=None, help="candidate i of a seed is the same image whatever --n (default 0)")
     g.add_argument("--temperature", type=float, default=None)
     g.add_argument("--top-k", type=int, default=None, help="sample from the k most likely tokens (0 = all)")
     g.add_argument("--top-p", type=float, default=None, help="nucleus sampling mass (1 = off)")
@@ -146,6 +255,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--model", default=None, help="model directory (default: the shipped shapes model)")
     g.add_argument("--image-prompt", default=None, metavar="PNG", help="complete this image: keep the top --keep-rows token rows, draw the rest")
     g.add_argument("--keep-rows", type=int, default=None, metavar="K", help="token rows of --image-prompt to keep (default: half the grid)")
+    g.add_argument("--progressive", type=int, default=None, metavar="K",
+                   help="every K tokens, write the partly drawn batch to OUT/progress/frame_NNNN.png; OUT/progress.gif at the end")
+    g.add_argument("--quiet", action="store_true", help="no progress bar")
     g.set_defaults(func=cmd_generate)
     t = sub.add_parser("train", help="train VQGAN, BART and CLIP into a model directory")
     t.add_argument("--preset", default="tiny")
@@ -202,7 +314,6 @@ def main(argv=None) -> int:
     "Entry point of the `dalle-nb` console script."
     p = build_parser()
     a = p.parse_args(argv)
-    os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")   # no "PyTorch was not found" notice: we only use tokenizers
     _enable_compile_cache()
     try: return a.func(a)
     except UsageError as e:

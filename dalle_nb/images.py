@@ -12,7 +12,8 @@ import numpy as np
 from PIL import Image, UnidentifiedImageError
 
 # %% auto #0
-__all__ = ['to_uint8', 'to_float', 'image_grid', 'show_images', 'ImageFileError', 'save_png', 'center_crop_resize', 'load_image']
+__all__ = ['to_uint8', 'to_float', 'image_grid', 'show_images', 'ImageFileError', 'save_png', 'png_text', 'center_crop_resize',
+           'load_image']
 
 # %% ../nbs/02_images.ipynb #fa328ecb
 def to_uint8(x) -> np.ndarray:
@@ -64,11 +65,25 @@ def show_images(images, titles=None, ncols: int | None = None, scale: float = 1.
 class ImageFileError(ValueError):
     "An image file that is missing or cannot be decoded."
 
-def save_png(image, path) -> Path:
-    "Write one image as PNG; returns the path."
+def save_png(image, path, text: dict | None = None) -> Path:
+    "Write one image as PNG, with `text` (str → str) in its text chunks; returns the path. Written whole or not at all (temp file + rename)."
+    from PIL.PngImagePlugin import PngInfo
+    info = PngInfo()
+    for k, v in (text or {}).items(): info.add_itxt(k, str(v))
     path = Path(path); path.parent.mkdir(parents=True, exist_ok=True)
-    Image.fromarray(to_uint8(image)).save(path, format="PNG")
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        Image.fromarray(to_uint8(image)).save(tmp, format="PNG", pnginfo=info)
+        tmp.replace(path)
+    finally: tmp.unlink(missing_ok=True)
     return path
+
+def png_text(path) -> dict:
+    "The text chunks of a PNG file (`{}` if it has none)."
+    try:
+        with Image.open(path) as im: return dict(getattr(im, "text", {}))
+    except (UnidentifiedImageError, OSError, ValueError) as e:
+        raise ImageFileError(f"{path}: not a readable image ({type(e).__name__})") from None
 
 def center_crop_resize(image, size: int) -> np.ndarray:
     "Resize so the shorter side is `size`, then crop the centre `size × size` (uint8 RGB out)."

@@ -6,21 +6,212 @@ Docs: https://dalle-nb.github.io/dalle_nb/pipeline.html.md"""
 
 # %% ../nbs/13_pipeline.ipynb #e03fa167
 from __future__ import annotations
-import json, math, time, warnings
+import json, math, re, time, unicodedata, warnings
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 import numpy as np
 import jax, jax.numpy as jnp
 from flax import nnx
+from fastcore.basics import patch
 from .config import RunConfig, load_config, save_config
 from .text import TextEncoder, normalize_text
-from .images import image_grid, save_png, to_uint8, to_float, load_image, center_crop_resize
-from .modeldir import Models, load_models, ModelDirError
+from .images import image_grid, save_png, png_text, to_uint8, to_float, load_image, center_crop_resize, ImageFileError
+from .modeldir import Models, load_models, ModelDirError, default_model_dir
 from .clip import clip_scores
-from .sample import generate as sample_tokens, row_keys
+from .sample import generate as sample_tokens, generate_steps, row_keys, state_bytes
 
 # %% auto #0
-__all__ = ['Result', 'PromptError', 'Pipeline', 'roundtrip_table', 'show_completions', 'generate', 'widget']
+__all__ = ['SettingError', 'check_setting', 'PromptError', 'Pipeline', 'Step', 'Result', 'Best', 'roundtrip_table', 'slug',
+           'image_name', 'read_record', 'ImageFolder', 'show_completions', 'generate', 'widget']
+
+# %% ../nbs/13_pipeline.ipynb #30b1a4dd
+class SettingError(ValueError):
+    "A generation setting that is NaN, infinite, of the wrong type or out of range; `.name` is the setting."
+    def __init__(self, name: str, message: str):
+        super().__init__(f"{name} {message}")
+        self.name, self.message = name, message
+
+_RANGES = {  # setting: (whole number?, lowest, highest (None: no limit), lowest excluded?)
+    "n": (True, 1, None, False), "rerank": (True, 0, None, False), "seed": (True, 0, 2**32 - 1, False),
+    "cond_scale": (False, 0, None, False), "temperature": (False, 0, None, True), "top_k": (True, 0, None, False),
+    "top_p": (False, 0, 1, True), "plausibility": (False, 0, 1, False), "keep_rows": (True, 0, None, False),
+    "every": (True, 1, None, False)}
+
+def check_setting(name: str, value, high=None):
+    "`value` of setting `name` as an int or a finite float inside its range (`high` overrides the top), else `SettingError`."
+    whole, lo, hi, lo_open = _RANGES[name]
+    hi = hi if high is None else high
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise SettingError(name, f"must be a {'whole' if whole else 'finite'} number, got {value!r}")
+    if whole and not isinstance(value, (int, np.integer)): raise SettingError(name, f"must be a whole number, got {value!r}")
+    if not math.isfinite(value): raise SettingError(name, f"must be a finite number, got {value}")
+    if (value <= lo if lo_open else value < lo) or (hi is not None and value > hi):
+        span = f"{'>' if lo_open else '>='} {lo}" if hi is None else f"in {'(' if lo_open else '['}{lo}, {hi}]"
+        raise SettingError(name, f"must be {span}, got {value}")
+    return int(value) if whole else float(value)
+
+# %% ../nbs/13_pipeline.ipynb #bbaba0d8
+class PromptError(ValueError):
+    "A prompt that cannot be generated from (empty after normalisation)."
+
+class Pipeline:
+    "Text → ranked images with a loaded model directory."
+    def __init__(self, models: Models | str | Path | None = None, batch_size: int = 16):
+        self.models = models if isinstance(models, Models) else load_models(models)
+        self.cfg, self.batch_size = self.models.cfg, check_setting("n", batch_size)
+        self._decode = nnx.jit(lambda m, ids: m.decode(ids))
+        self._encode = nnx.jit(lambda m, x: m.encode(x))
+        self._score = nnx.jit(clip_scores) if self.models.clip is not None else None
+        path = self.models.path
+        self.name = "shipped" if path is not None and Path(path).resolve() == default_model_dir().resolve() else str(path)
+
+    def encode_prompt(self, prompt: str) -> np.ndarray:
+        "Text ids `[1, max_text_len]` of `prompt`; `PromptError` if nothing is left after normalisation."
+        if not isinstance(prompt, str): raise PromptError(f"prompt must be a string, got {type(prompt).__name__}")
+        if not self.models.text.normalize(prompt).strip(): raise PromptError("the prompt is empty (after removing emoji, control characters and spaces)")
+        ids = np.asarray(self.models.text([prompt]))
+        n_full = len(self.models.text.tokenizer(self.models.text.normalize(prompt))["input_ids"])
+        if n_full > ids.shape[1]:
+            warnings.warn(f"prompt truncated: it has {n_full} tokens, the model reads {ids.shape[1]}")
+        return ids
+
+    @property
+    def grid(self) -> int: return self.models.cfg.tokenizer_cfg.grid
+    @property
+    def image_len(self) -> int: return self.models.cfg.model_cfg.image_len
+    @property
+    def row_tokens(self) -> int:
+        "Tokens per row of the grid (two per patch with factored tokens)."
+        return self.models.cfg.tokenizer_cfg.n_tokens // self.grid
+
+    def decode(self, tokens) -> np.ndarray:
+        "Images in [0, 1] for token ids `[n, image_len]`, decoded by the image tokenizer (VQGAN or dVAE)."
+        return np.concatenate([np.asarray(self._decode(self.models.image_tokenizer, jnp.asarray(tokens[i:i + self.batch_size])))
+                               for i in range(0, len(tokens), self.batch_size)])
+
+    def score(self, images, text_ids) -> np.ndarray:
+        "CLIP scores of `images` against one prompt's ids."
+        return np.concatenate([np.asarray(self._score(self.models.clip, jnp.asarray(images[i:i + self.batch_size]), jnp.asarray(text_ids)))
+                               for i in range(0, len(images), self.batch_size)])
+
+# %% ../nbs/13_pipeline.ipynb #f9a2ca50
+@patch
+def settings(self: Pipeline, n=None, rerank=None, cond_scale=None, seed=0, temperature=None, top_k=None, top_p=None,
+             plausibility=None) -> dict:
+    "The sampling settings, the model's defaults filled in and every one checked (`SettingError` names a bad one)."
+    s, pick = self.cfg.sample, (lambda v, default: default if v is None else v)
+    out = dict(n=check_setting("n", pick(n, s.n_candidates)))
+    out["rerank"] = check_setting("rerank", pick(rerank, min(s.rerank, out["n"])), high=out["n"])
+    if out["rerank"] and self.models.clip is None: raise SettingError("rerank", "must be 0: this model directory has no CLIP")
+    out.update(seed=check_setting("seed", seed), cond_scale=check_setting("cond_scale", pick(cond_scale, s.cond_scale)),
+               temperature=check_setting("temperature", pick(temperature, s.temperature)),
+               top_k=check_setting("top_k", pick(top_k, s.top_k), high=self.cfg.model_cfg.image_codes),
+               top_p=check_setting("top_p", pick(top_p, s.top_p)), plausibility=check_setting("plausibility", pick(plausibility, s.plausibility)))
+    return out
+
+# %% ../nbs/13_pipeline.ipynb #a50097f0
+@patch
+def encode_image(self: Pipeline, image) -> np.ndarray:
+    "Token ids `[1, image_len]` of one image (uint8 or [0, 1] float `[H, W, 3]`, or an image file), resized to the tokenizer's resolution."
+    res = self.models.cfg.tokenizer_cfg.resolution
+    if isinstance(image, (str, Path)):
+        try: img = load_image(image)
+        except ImageFileError as e: raise SettingError("image_prompt", f"cannot be read: {e}") from None
+    else: img = np.asarray(image)
+    if img.ndim != 3 or img.shape[-1] != 3: raise SettingError("image_prompt", f"must be an RGB image: expected an [H, W, 3] array, got shape {img.shape}")
+    if min(img.shape[:2]) < 8: raise SettingError("image_prompt", f"is too small: {img.shape[1]}×{img.shape[0]} pixels (at least 8×8)")
+    if img.dtype != np.uint8:
+        if not np.issubdtype(img.dtype, np.floating) or not np.isfinite(img).all() or img.min() < 0 or img.max() > 1:
+            raise SettingError("image_prompt", f"must be uint8, or floats in [0, 1]; got {img.dtype} in [{img.min()}, {img.max()}]")
+    if img.shape[:2] != (res, res): img = center_crop_resize(img, res)
+    return np.asarray(self._encode(self.models.image_tokenizer, jnp.asarray(to_float(img))[None]))
+
+@patch
+def image_prompt(self: Pipeline, image, keep_rows: int | None):
+    "`(prefix ids [1, image_len], tokens to keep)` for an image prompt (`(None, 0)` without one); `keep_rows` defaults to half the grid."
+    if image is None:
+        if keep_rows: raise SettingError("keep_rows", "needs an image prompt (the image whose top rows are kept)")
+        return None, 0
+    keep_rows = check_setting("keep_rows", self.grid // 2 if keep_rows is None else keep_rows, high=self.grid)
+    return self.encode_image(image), keep_rows * self.row_tokens
+
+# %% ../nbs/13_pipeline.ipynb #bcd239a6
+@patch
+def _batch(self: Pipeline, text_ids, keys, pad_to: int, st: dict, prefix=None, keep: int = 0, every=None):
+    "Draw one batch of rows (padded to `pad_to` rows: one compiled shape): yields `(t, ids [rows, t])`, every `every` tokens or once."
+    rows, pad = len(text_ids), pad_to - len(text_ids)
+    fill = lambda a: np.concatenate([np.asarray(a), np.repeat(np.asarray(a)[:1], pad, 0)]) if pad else a
+    keys = jnp.concatenate([keys, jnp.repeat(keys[:1], pad, 0)]) if pad else keys
+    kw = dict(blank_ids=np.repeat(np.asarray(self.models.text.blank(1)), pad_to, 0), cond_scale=st["cond_scale"],
+              temperature=st["temperature"], top_k=st["top_k"], top_p=st["top_p"], plausibility=st["plausibility"],
+              prefix=None if prefix is None else np.repeat(prefix, pad_to, 0), keep=keep)
+    if every is None:
+        yield self.image_len, np.asarray(sample_tokens(self.models.transformer, fill(text_ids), keys, **kw))[:rows]
+        return
+    for t, toks in generate_steps(self.models.transformer, fill(text_ids), keys, every=every, **kw): yield t, toks[:rows]
+
+@patch
+def sample(self: Pipeline, text_ids, n: int, seed=0, cond_scale=1.0, temperature=1.0, top_k=0, top_p=1.0, plausibility=0.0,
+           prefix=None, keep: int = 0) -> np.ndarray:
+    "Token ids `[n, image_len]` for one prompt's ids `[1, S]`, in fixed-size chunks; the first `keep` are `prefix`'s `[1, image_len]`."
+    st, keys, bs = dict(cond_scale=cond_scale, temperature=temperature, top_k=top_k, top_p=top_p, plausibility=plausibility), row_keys(seed, n), min(self.batch_size, n)
+    return np.concatenate([list(self._batch(np.repeat(text_ids, len(keys[i:i + bs]), 0), keys[i:i + bs], bs, st, prefix, keep))[-1][1]
+                           for i in range(0, n, bs)])
+
+# %% ../nbs/13_pipeline.ipynb #34efded7
+@dataclass
+class Step:
+    "One batch of candidates as `Pipeline.stream` yields it: partial pictures while its tokens are drawn, then the finished ones."
+    prompts: np.ndarray                 # [rows] which prompt (index into the list given)
+    indices: np.ndarray                 # [rows] candidate index (its seed offset)
+    images: np.ndarray                  # [rows, H, W, 3] uint8; patches not yet drawn are grey
+    tokens: np.ndarray                  # [rows, t] the tokens drawn so far
+    t: int                              # tokens drawn
+    image_len: int
+    done: int                           # candidates finished so far, this batch included once it is final
+    total: int
+    scores: np.ndarray | None = None    # CLIP scores of a finished batch, with reranking
+
+    @property
+    def final(self) -> bool: return self.t == self.image_len
+
+@patch
+def decode_partial(self: Pipeline, tokens) -> np.ndarray:
+    "Images in [0, 1] of partly drawn ids `[n, t]`: decoded with the rest filled in, the patches not yet drawn painted grey."
+    n, t = tokens.shape
+    full = np.zeros((n, self.image_len), np.int32); full[:, :t] = tokens
+    images = self.decode(full).copy()
+    g, per_patch = self.grid, self.row_tokens // self.grid
+    px = images.shape[1] // g
+    undrawn = (np.arange(g * g) >= t // per_patch).reshape(g, g).repeat(px, 0).repeat(px, 1)
+    images[:, undrawn] = 0.5
+    return images
+
+# %% ../nbs/13_pipeline.ipynb #1512e47a
+@patch
+def stream(self: Pipeline, prompts, n=None, rerank=None, cond_scale=None, seed=0, temperature=None, top_k=None, top_p=None,
+           plausibility=None, image_prompt=None, keep_rows=None, every=None, indices=None, pad_to=None):
+    "Sample candidates `indices` (default `range(n)`) of one prompt or a list, batch by batch: a `Step` every `every` tokens and when a batch is done."
+    prompts = [prompts] if isinstance(prompts, str) else list(prompts)
+    st = self.settings(n, rerank, cond_scale, seed, temperature, top_k, top_p, plausibility)
+    every = None if every is None else check_setting("every", every)
+    prefix, keep = self.image_prompt(image_prompt, keep_rows)
+    ids = np.concatenate([self.encode_prompt(p) for p in prompts])
+    if st["rerank"]: clip_ids = [ids[j:j + 1] if self.models.clip_text is None else self.models.clip_text([p]) for j, p in enumerate(prompts)]
+    idx = np.arange(st["n"]) if indices is None else np.asarray(indices, int)
+    P, I = np.repeat(np.arange(len(prompts)), len(idx)), np.tile(idx, len(prompts))
+    bs = pad_to or min(self.batch_size, len(P))
+    done = 0
+    for b in range(0, len(P), bs):
+        p, i = P[b:b + bs], I[b:b + bs]
+        for t, toks in self._batch(ids[p], row_keys(st["seed"], i), bs, st, prefix, keep, every):
+            if t < self.image_len: yield Step(p, i, to_uint8(self.decode_partial(toks)), toks, t, self.image_len, done, len(P))
+        images, scores = self.decode(toks), None
+        if st["rerank"]:
+            scores = np.zeros(len(p), np.float32)
+            for j in np.unique(p): scores[p == j] = self.score(images[p == j], clip_ids[j])
+        done += len(p)
+        yield Step(p, i, to_uint8(images), toks, t, self.image_len, done, len(P), scores)
 
 # %% ../nbs/13_pipeline.ipynb #ae56c0a0
 @dataclass
@@ -33,119 +224,67 @@ class Result:
     indices: np.ndarray                 # candidate index of each returned image (its seed offset)
     settings: dict = field(default_factory=dict)
     seconds: float = 0.0
+    model: str = ""                     # "shipped" or the model directory's path
 
-    def grid(self, ncols=None) -> np.ndarray: return image_grid(self.images, ncols=ncols)
+    def grid(self, ncols=None, limit: int = 64) -> np.ndarray:
+        "The first `limit` images (best first) tiled into one picture."
+        return image_grid(self.images[:limit], ncols=ncols)
 
-    def save(self, out_dir, prefix: str = "image") -> list[Path]:
-        "Write each image as `{prefix}_{rank}.png` (rank 0 = best) and `grid.png`; returns the paths."
-        out = Path(out_dir); out.mkdir(parents=True, exist_ok=True)
-        paths = [save_png(img, out / f"{prefix}_{r:02d}.png") for r, img in enumerate(self.images)]
-        return paths + [save_png(self.grid(), out / "grid.png")]
+    def record(self, rank: int) -> dict:
+        "Everything that made image `rank`: prompt, seed, index, settings, model, package version, its tokens."
+        from dalle_nb import __version__
+        score = None if self.scores is None else round(float(self.scores[rank]), 5)
+        return dict(prompt=self.prompt, seed=self.settings.get("seed"), index=int(self.indices[rank]), rank=rank, clip_score=score,
+                    settings=self.settings, model=self.model, version=__version__, tokens=[int(t) for t in self.tokens[rank]])
 
-# %% ../nbs/13_pipeline.ipynb #bbaba0d8
-class PromptError(ValueError):
-    "A prompt that cannot be generated from (empty after normalisation)."
+    def save(self, out_dir) -> list[Path]:
+        "Write each image as `{prompt slug}_seed{seed}_{index}.png` carrying its `record`, best first, then `grid.png`; returns the paths."
+        return ImageFolder(out_dir).sync(self)
 
-class Pipeline:
-    "Text → ranked images with a loaded model directory."
-    def __init__(self, models: Models | str | Path | None = None, batch_size: int = 16):
-        self.models = models if isinstance(models, Models) else load_models(models)
-        self.cfg, self.batch_size = self.models.cfg, batch_size
-        self._decode = nnx.jit(lambda m, ids: m.decode(ids))
-        self._encode = nnx.jit(lambda m, x: m.encode(x))
-        self._score = nnx.jit(clip_scores) if self.models.clip is not None else None
+# %% ../nbs/13_pipeline.ipynb #0b8ea453
+class Best:
+    "The best `k` finished candidates of one prompt, by CLIP score, best first (every candidate, in index order, when `k` is 0)."
+    def __init__(self, k: int): self.k, self.items = k, []          # (score, index, image, tokens)
 
-    def encode_prompt(self, prompt: str) -> np.ndarray:
-        "Text ids `[1, max_text_len]` of `prompt`; `PromptError` if nothing is left after normalisation."
-        if not isinstance(prompt, str): raise PromptError(f"prompt must be a string, got {type(prompt).__name__}")
-        if not self.models.text.normalize(prompt).strip(): raise PromptError("the prompt is empty (after removing emoji, control characters and spaces)")
-        ids = np.asarray(self.models.text([prompt]))
-        n_full = len(self.models.text.tokenizer(self.models.text.normalize(prompt))["input_ids"])
-        if n_full > ids.shape[1]:
-            warnings.warn(f"prompt truncated: it has {n_full} tokens, the model reads {ids.shape[1]}")
-        return ids
+    def add(self, indices, images, tokens, scores=None):
+        "Take a finished batch's candidates."
+        scores = [None] * len(indices) if scores is None else [float(s) for s in scores]
+        self.items += list(zip(scores, map(int, indices), images, tokens))
+        self.items.sort(key=(lambda it: (-it[0], it[1])) if self.k else (lambda it: it[1]))
+        if self.k: del self.items[self.k:]
 
-    def __call__(self, prompt: str, n: int | None = None, rerank: int | None = None, cond_scale: float | None = None,
-                 seed: int = 0, temperature: float | None = None, top_k: int | None = None, top_p: float | None = None,
-                 plausibility: float | None = None, progress=None, image_prompt=None, keep_rows: int | None = None) -> Result:
-        "Sample `n` candidates for `prompt` (completing the top `keep_rows` token rows of `image_prompt` if given), rank them with CLIP, return the best `rerank`."
-        s = self.cfg.sample
-        n = s.n_candidates if n is None else int(n)
-        rerank = min(s.rerank, n) if rerank is None else int(rerank)
-        if n <= 0: raise ValueError(f"n must be a positive number of images, got {n}")
-        if rerank < 0 or rerank > n: raise ValueError(f"rerank must be between 0 and n={n}, got {rerank}")
-        if rerank and self.models.clip is None: raise ValueError("this model directory has no CLIP: use rerank=0")
-        settings = dict(n=n, rerank=rerank, seed=int(seed), cond_scale=float(s.cond_scale if cond_scale is None else cond_scale),
-                        temperature=float(s.temperature if temperature is None else temperature),
-                        top_k=int(s.top_k if top_k is None else top_k), top_p=float(s.top_p if top_p is None else top_p),
-                        plausibility=float(s.plausibility if plausibility is None else plausibility))
-        t0 = time.perf_counter()
-        prefix, keep = self.image_prompt(image_prompt, keep_rows)
-        if prefix is not None: settings.update(keep_rows=int(keep_rows if keep_rows is not None else self.grid // 2),
-                                               image_prompt=str(image_prompt) if isinstance(image_prompt, (str, Path)) else "array")
-        ids = self.encode_prompt(prompt)
-        tokens = self.sample(ids, n, **{k: settings[k] for k in ("seed", "cond_scale", "temperature", "top_k", "top_p", "plausibility")},
-                             prefix=prefix, keep=keep)
-        images = self.decode(tokens)
-        order, scores = np.arange(n), None
-        if rerank:
-            clip_ids = ids if self.models.clip_text is None else self.models.clip_text([prompt])   # OpenAI CLIP: its own tokenizer
-            scores = np.asarray(self.score(images, clip_ids))
-            order = np.argsort(-scores, kind="stable")[:rerank]
-            scores = scores[order]
-        return Result(prompt, to_uint8(images[order]), scores, tokens[order], order, settings, time.perf_counter() - t0)
+    def result(self, prompt, settings, seconds, model, shape) -> Result:
+        "The candidates kept, as a `Result` (`shape` `(H, W, 3)` when there are none yet)."
+        if not self.items: return Result(prompt, np.zeros((0, *shape), np.uint8), None, np.zeros((0, 0), np.int32), np.zeros(0, int), settings, seconds, model)
+        s, i, im, tk = zip(*self.items)
+        return Result(prompt, np.stack(im), None if s[0] is None else np.array(s, np.float32), np.stack(tk), np.array(i), settings, seconds, model)
 
-    @property
-    def grid(self) -> int: return self.models.cfg.tokenizer_cfg.grid
-    @property
-    def row_tokens(self) -> int:
-        "Tokens per row of the grid (two per patch with factored tokens)."
-        t = self.models.cfg.tokenizer_cfg
-        return t.n_tokens // t.grid
+@patch
+def many(self: Pipeline, prompts, callback=None, **kw) -> list[Result]:
+    "One `Result` per prompt (`stream`'s settings); `callback(step, results)` sees each step (results after finished ones; return False to stop)."
+    t0, prompts = time.perf_counter(), [prompts] if isinstance(prompts, str) else list(prompts)
+    sampling = {k: kw[k] for k in ("n", "rerank", "cond_scale", "seed", "temperature", "top_k", "top_p", "plausibility") if k in kw}
+    st = self.settings(**sampling)
+    st["batch"] = kw.get("pad_to") or min(self.batch_size, st["n"] * len(prompts) if kw.get("indices") is None else len(kw["indices"]) * len(prompts))
+    if kw.get("image_prompt") is not None:
+        st.update(keep_rows=check_setting("keep_rows", self.grid // 2 if kw.get("keep_rows") is None else kw["keep_rows"], high=self.grid),
+                  image_prompt=str(kw["image_prompt"]) if isinstance(kw["image_prompt"], (str, Path)) else "array")
+    bests, res = [Best(st["rerank"]) for _ in prompts], self.cfg.tokenizer_cfg.resolution
+    results = lambda: [b.result(p, st, time.perf_counter() - t0, self.name, (res, res, 3)) for p, b in zip(prompts, bests)]
+    for step in self.stream(prompts, **kw):
+        if step.final:
+            for j in np.unique(step.prompts):
+                m = step.prompts == j
+                bests[j].add(step.indices[m], step.images[m], step.tokens[m], None if step.scores is None else step.scores[m])
+        if callback is not None and callback(step, results() if step.final else None) is False: break
+    return results()
 
-    def encode_image(self, image) -> np.ndarray:
-        "Token ids `[1, image_len]` of one image (uint8 or [0, 1] float `[H, W, 3]`, or an image file), resized to the tokenizer's resolution."
-        res = self.models.cfg.tokenizer_cfg.resolution
-        img = load_image(image, size=res) if isinstance(image, (str, Path)) else np.asarray(image)
-        if img.ndim != 3 or img.shape[-1] != 3: raise ValueError(f"image prompt: expected an [H, W, 3] RGB image, got shape {img.shape}")
-        if img.shape[:2] != (res, res): img = center_crop_resize(img, res)
-        return np.asarray(self._encode(self.models.image_tokenizer, jnp.asarray(to_float(img))[None]))
-
-    def image_prompt(self, image, keep_rows: int | None):
-        "`(prefix ids [1, image_len], tokens to keep)` for an image prompt (`(None, 0)` without one); `keep_rows` defaults to half the grid."
-        if image is None:
-            if keep_rows: raise ValueError("keep_rows needs an image prompt (the image whose top rows are kept)")
-            return None, 0
-        keep_rows = self.grid // 2 if keep_rows is None else int(keep_rows)
-        if not 0 <= keep_rows <= self.grid: raise ValueError(f"keep_rows must be between 0 and the token grid's {self.grid} rows, got {keep_rows}")
-        return self.encode_image(image), keep_rows * self.row_tokens
-
-    def sample(self, text_ids, n: int, seed=0, cond_scale=1.0, temperature=1.0, top_k=0, top_p=1.0, plausibility=0.0,
-               prefix=None, keep: int = 0) -> np.ndarray:
-        "Token ids `[n, image_len]` for one prompt's ids `[1, S]`, in fixed-size chunks; the first `keep` are `prefix`'s `[1, image_len]`."
-        keys = row_keys(seed, n)
-        bs = min(self.batch_size, n)
-        blank = np.asarray(self.models.text.blank(1))
-        out = []
-        for i in range(0, n, bs):
-            k = keys[i:i + bs]
-            pad = bs - k.shape[0]
-            if pad: k = jnp.concatenate([k, keys[:pad]])
-            toks = sample_tokens(self.models.transformer, np.repeat(text_ids, bs, 0), k, blank_ids=np.repeat(blank, bs, 0),
-                                 cond_scale=cond_scale, temperature=temperature, top_k=top_k, top_p=top_p, plausibility=plausibility,
-                                 prefix=None if prefix is None else np.repeat(prefix, bs, 0), keep=keep)
-            out.append(np.asarray(toks)[:bs - pad])
-        return np.concatenate(out)
-
-    def decode(self, tokens) -> np.ndarray:
-        "Images in [0, 1] for token ids `[n, image_len]`, decoded by the image tokenizer (VQGAN or dVAE)."
-        return np.concatenate([np.asarray(self._decode(self.models.image_tokenizer, jnp.asarray(tokens[i:i + self.batch_size])))
-                               for i in range(0, len(tokens), self.batch_size)])
-
-    def score(self, images, text_ids) -> np.ndarray:
-        "CLIP scores of `images` against one prompt's ids."
-        return np.concatenate([np.asarray(self._score(self.models.clip, jnp.asarray(images[i:i + self.batch_size]), jnp.asarray(text_ids)))
-                               for i in range(0, len(images), self.batch_size)])
+@patch
+def __call__(self: Pipeline, prompt: str, n=None, rerank=None, cond_scale=None, seed=0, temperature=None, top_k=None, top_p=None,
+             plausibility=None, image_prompt=None, keep_rows=None, every=None, callback=None) -> Result:
+    "Sample `n` candidates for `prompt` (completing the top `keep_rows` token rows of `image_prompt` if given), rank them with CLIP, return the best `rerank`."
+    return self.many([prompt], callback=callback, n=n, rerank=rerank, cond_scale=cond_scale, seed=seed, temperature=temperature, top_k=top_k,
+                     top_p=top_p, plausibility=plausibility, image_prompt=image_prompt, keep_rows=keep_rows, every=every)[0]
 
 # %% ../nbs/13_pipeline.ipynb #d2d6b7e6
 def roundtrip_table(pipe: Pipeline, k: int = 24, seed: int = 0) -> dict:
@@ -163,6 +302,71 @@ def roundtrip_table(pipe: Pipeline, k: int = 24, seed: int = 0) -> dict:
                                       for i in range(0, k, pipe.batch_size)])
                 out[c, s, sz] = float(np.mean([caption_match(im, f"a {sz} {c} {s}") for im in pipe.decode(ids.reshape(k, -1))]))
     return out
+
+# %% ../nbs/13_pipeline.ipynb #84b708ff
+def slug(prompt: str, max_len: int = 60) -> str:
+    "A file-name-safe form of `prompt`: ASCII words joined by '-', at most `max_len` characters ('prompt' if none are left)."
+    s = unicodedata.normalize("NFKD", str(prompt)).encode("ascii", "ignore").decode().lower()
+    s = re.sub(r"[^a-z0-9]+", "-", s).strip("-")[:max_len].rstrip("-")
+    return s or "prompt"
+
+def image_name(prompt: str, seed: int, index: int) -> str:
+    "The file name of candidate `index` of `prompt` with `seed`."
+    return f"{slug(prompt)}_seed{seed}_{index:04d}.png"
+
+def read_record(path) -> dict:
+    "The generation record a `dalle_nb` PNG carries (`Result.record`); `ValueError` if it has none."
+    rec = png_text(path).get("dalle_nb")
+    if rec is None: raise ValueError(f"{path}: no dalle_nb generation record in its PNG text chunks")
+    try: return json.loads(rec)
+    except json.JSONDecodeError: raise ValueError(f"{path}: its dalle_nb generation record is not valid JSON") from None
+
+class ImageFolder:
+    "A folder kept in step with a growing `Result`: new images written, dropped ones deleted, `grid.png` rewritten."
+    def __init__(self, out_dir):
+        self.dir, self.ranks = Path(out_dir), {}         # candidate index → rank of the file on disk
+
+    def sync(self, r: Result, grid: bool = True) -> list[Path]:
+        "Bring the folder up to `r`; returns the image paths, best first (then `grid.png`)."
+        name = lambda i: self.dir / image_name(r.prompt, r.settings["seed"], i)
+        ranks = {int(i): k for k, i in enumerate(r.indices)}
+        for i in set(self.ranks) - set(ranks): name(i).unlink(missing_ok=True)
+        for i, k in ranks.items():
+            if self.ranks.get(i) != k or r.scores is not None:        # new, moved, or its score/rank to update
+                rec = r.record(k)
+                save_png(r.images[k], name(i), text={"prompt": r.prompt, "seed": rec["seed"], "index": i, "model": r.model,
+                                                     "Software": f"dalle_nb {rec['version']}", "dalle_nb": json.dumps(rec)})
+        self.ranks = ranks
+        paths = [name(int(i)) for i in r.indices]
+        if grid and len(r.images): paths.append(save_png(r.grid(), self.dir / "grid.png"))
+        return paths
+
+# %% ../nbs/13_pipeline.ipynb #0a2e3327
+_SAMPLING = ("n", "rerank", "cond_scale", "seed", "temperature", "top_k", "top_p", "plausibility")
+
+@patch
+def regenerate(self: Pipeline, record: dict) -> tuple[Result, bool]:
+    "Draw the image a `record` (`read_record`) describes again, in a batch of the shape it was drawn in: `(result, same tokens?)`."
+    s = record.get("settings", {})
+    if "prompt" not in record or "index" not in record or "n" not in s: raise ValueError("the generation record lacks its prompt, index or settings")
+    image = s.get("image_prompt")
+    if image == "array": raise ValueError("the image was completed from an image prompt given as an array, which the record does not hold")
+    if image is not None and not Path(image).is_file(): raise ValueError(f"the image prompt it completed, {image}, is not there any more")
+    kw = {k: s[k] for k in _SAMPLING if k in s}
+    r = self.many([record["prompt"]], **{**kw, "rerank": 0}, indices=[int(record["index"])], pad_to=s.get("batch"),
+                  image_prompt=image, keep_rows=s.get("keep_rows") if image is not None else None)[0]
+    r.settings = {**r.settings, "rerank": kw.get("rerank", 0), "batch": s.get("batch")}
+    return r, [int(t) for t in r.tokens[0]] == list(record.get("tokens", []))
+
+@patch
+def memory_estimate(self: Pipeline, n: int, rerank: int, prompts: int = 1) -> dict:
+    "Rough bytes generation needs: the weights, one batch's decode state and decoded images (×8 for the decoder's features), the candidates kept."
+    m = self.models
+    weights = sum(x.nbytes for mod in (m.transformer, m.image_tokenizer, m.clip) if mod is not None for x in jax.tree.leaves(nnx.state(mod)))
+    bs, res = min(self.batch_size, n * prompts), self.cfg.tokenizer_cfg.resolution
+    batch = 2 * state_bytes(m.transformer, bs) + 8 * bs * res * res * 3 * 4 * 8
+    kept = prompts * (rerank or n) * (res * res * 3 + 4 * self.image_len)
+    return dict(weights=weights, batch=batch, kept=kept, total=weights + batch + kept)
 
 # %% ../nbs/13_pipeline.ipynb #fc4239cf
 def show_completions(pipe: Pipeline, image, completions: dict, keep_rows: int, title: str = ""):
@@ -186,61 +390,98 @@ def generate(prompt: str, out: str | Path, n: int = 8, rerank: int | None = None
     if key not in _PIPELINES: _PIPELINES[key] = Pipeline(model)
     return _PIPELINES[key](prompt, n=n, rerank=rerank, cond_scale=cond_scale, seed=seed, **kw).save(out)
 
+# %% ../nbs/13_pipeline.ipynb #9925e1e2
+def _png(image) -> bytes:
+    "PNG bytes of one uint8 image (for `ipywidgets.Image`)."
+    import io
+    from PIL import Image
+    buf = io.BytesIO(); Image.fromarray(to_uint8(image)).save(buf, format="PNG")
+    return buf.getvalue()
+
+def _uploaded(upload):
+    "The image in an ipywidgets `FileUpload` as a uint8 array (None if empty)."
+    if not upload.value: return None
+    import io
+    from PIL import Image, UnidentifiedImageError
+    item = upload.value[0] if isinstance(upload.value, (tuple, list)) else next(iter(upload.value.values()))
+    try: return np.asarray(Image.open(io.BytesIO(bytes(item["content"]))).convert("RGB"))
+    except (UnidentifiedImageError, OSError) as e: raise SettingError("image_prompt", f"cannot be read: {item.get('name', 'the upload')} is not an image") from None
+
 # %% ../nbs/13_pipeline.ipynb #86d2f6d6
 def widget(pipe: Pipeline | None = None):
-    "An ipywidgets panel for `pipe` (default: the shipped model): prompt, sliders, Generate button, image grid."
-    import ipywidgets as W
-    from IPython.display import display
-    import matplotlib.pyplot as plt
-    from dalle_nb.images import show_images
+    "An ipywidgets panel for `pipe` (default: the shipped model): prompt, sliders, Generate / Stop, progress, a grid that fills as tokens are drawn."
+    import threading, ipywidgets as W
     pipe = pipe or Pipeline()
-    s = pipe.cfg.sample
-    prompt = W.Text(value="a large red circle", description="prompt", layout=W.Layout(width="480px"))
-    scale = W.FloatSlider(value=s.cond_scale, min=1.0, max=10.0, step=0.5, description="cond scale")
-    topk = W.IntSlider(value=s.top_k, min=0, max=pipe.cfg.model_cfg.image_codes, step=8, description="top-k (0=off)")
-    temp = W.FloatSlider(value=s.temperature, min=0.1, max=2.0, step=0.05, description="temperature")
-    plaus = W.FloatSlider(value=s.plausibility, min=0.0, max=0.5, step=0.01, description="plausibility")
-    n = W.IntSlider(value=s.n_candidates, min=1, max=32, description="candidates")
-    keep = W.IntSlider(value=min(s.rerank, s.n_candidates), min=0, max=32, description="keep best (0=all)")
-    seed = W.IntText(value=0, description="seed")
-    upload = W.FileUpload(accept="image/*", multiple=False, description="image prompt")
-    rows = W.IntSlider(value=pipe.grid // 2, min=0, max=pipe.grid, description="keep rows")
-    clear = W.Button(description="no image prompt")
-    button, out, status = W.Button(description="Generate", button_style="primary"), W.Output(), W.Label()
-    panel_state = {"image": None}                # an image prompt set from code (`panel.set_image_prompt`) or uploaded
+    S = pipe.cfg.sample
+    ui = W.VBox()
+    ui.prompt = W.Text(value="a large red circle", description="prompt", layout=W.Layout(width="480px"))
+    ui.scale = W.FloatSlider(value=S.cond_scale, min=1.0, max=10.0, step=0.5, description="cond scale")
+    ui.top_k = W.IntSlider(value=S.top_k, min=0, max=pipe.cfg.model_cfg.image_codes, step=8, description="top-k (0=off)")
+    ui.temperature = W.FloatSlider(value=S.temperature, min=0.1, max=2.0, step=0.05, description="temperature")
+    ui.plausibility = W.FloatSlider(value=S.plausibility, min=0.0, max=0.5, step=0.01, description="plausibility")
+    ui.n = W.IntSlider(value=S.n_candidates, min=1, max=32, description="candidates")
+    ui.keep = W.IntSlider(value=min(S.rerank, S.n_candidates), min=0, max=32, description="keep best (0=all)")
+    ui.seed = W.IntText(value=0, description="seed")
+    ui.every = W.IntSlider(value=max(1, pipe.image_len // 8), min=1, max=pipe.image_len, description="show every")
+    ui.upload = W.FileUpload(accept="image/*", multiple=False, description="image prompt")
+    ui.keep_rows = W.IntSlider(value=pipe.grid // 2, min=0, max=pipe.grid, description="keep rows")
+    ui.clear = W.Button(description="no image prompt")
+    ui.generate, ui.stop = W.Button(description="Generate", button_style="primary"), W.Button(description="Stop", disabled=True)
+    ui.progress, ui.status = W.IntProgress(value=0, min=0, max=1, description="tokens"), W.Label()
+    ui.grid = W.GridBox(layout=W.Layout(grid_template_columns="repeat(4, 136px)", grid_gap="4px"))
+    for w, c in ((ui.prompt, "prompt"), (ui.generate, "generate"), (ui.stop, "stop"), (ui.upload, "upload"), (ui.progress, "progress"),
+                 (ui.status, "status"), (ui.grid, "grid")): w.add_class(f"dalle-{c}")
+    ui.children = [ui.prompt, W.HBox([ui.scale, ui.top_k]), W.HBox([ui.temperature, ui.plausibility]), W.HBox([ui.n, ui.keep]),
+                   W.HBox([ui.seed, ui.every]), W.HBox([ui.upload, ui.keep_rows, ui.clear]), W.HBox([ui.generate, ui.stop, ui.progress]),
+                   ui.status, ui.grid]
+    ui.pipe, ui.image, ui.result, ui.thread, ui.stopping = pipe, None, None, None, threading.Event()
+    _wire(ui)
+    return ui
 
-    def image_prompt():
-        if upload.value:                         # ipywidgets 8: a tuple of {name, content, ...}
-            import io
-            from PIL import Image
-            item = upload.value[0] if isinstance(upload.value, (tuple, list)) else next(iter(upload.value.values()))
-            return np.asarray(Image.open(io.BytesIO(bytes(item["content"]))).convert("RGB"))
-        return panel_state["image"]
+# %% ../nbs/13_pipeline.ipynb #a0c336e8
+def _show(ui, images, captions):
+    "Put uint8 `images` into the panel's grid, each with a caption under it."
+    import ipywidgets as W
+    cells = list(ui.grid.children)
+    while len(cells) < len(images):
+        im = W.Image(format="png", width=128, height=128); im.add_class("dalle-image")
+        cells.append(W.VBox([im, W.Label()]))
+    for cell, img, cap in zip(cells, images, captions): cell.children[0].value, cell.children[1].value = _png(img), cap
+    ui.grid.children = cells[:len(images)]
 
+def _wire(ui):
+    "The panel's behaviour: `ui.run(wait=True)` generates (in a thread when clicked), Stop, the image prompt buttons."
+    import threading
     def forget(_=None):
-        upload.value = () if isinstance(upload.value, tuple) else upload.value.__class__()
-        panel_state["image"] = None
-    clear.on_click(forget)
-
-    def run(_=None):
-        out.clear_output(wait=True)
+        ui.upload.value = () if isinstance(ui.upload.value, tuple) else ui.upload.value.__class__()
+        ui.image = None
+    def on_step(step, results):
+        if step.t % ui.every.value == 0 or step.final:
+            shown = step.images if not step.final else np.concatenate([r.images for r in results])
+            _show(ui, shown, [f"#{i}" for i in step.indices] if not step.final else [""] * len(shown))
+        ui.progress.value = step.done * step.image_len + (0 if step.final else step.t * len(step.indices))
+        return not ui.stopping.is_set()
+    def work():
+        t0, pipe = time.perf_counter(), ui.pipe
         try:
-            img = image_prompt()
-            r = pipe(prompt.value, n=n.value, rerank=min(keep.value, n.value), cond_scale=scale.value, seed=seed.value,
-                     temperature=temp.value, top_k=topk.value, plausibility=plaus.value, image_prompt=img,
-                     keep_rows=rows.value if img is not None else None)
-        except ValueError as e:
-            status.value = f"⚠ {e}"; return
-        status.value = f"{len(r.images)} image(s) in {r.seconds:.1f}s"
-        titles = [f"#{i} clip {sc:.2f}" for i, sc in zip(r.indices, r.scores)] if r.scores is not None else [f"#{i}" for i in r.indices]
-        with out:
-            show_images(r.images, titles=titles); plt.show()
-        return r
-
-    button.on_click(run)
-    panel = W.VBox([prompt, W.HBox([scale, topk]), W.HBox([temp, plaus]), W.HBox([n, keep]), W.HBox([seed]),
-                    W.HBox([upload, rows, clear]), W.HBox([button, status]), out])
-    panel.run = run           # for scripted use and tests
-    panel.set_image_prompt = lambda image: panel_state.update(image=image)   # from code, instead of uploading
-    panel.keep_rows = rows
-    return panel
+            image = _uploaded(ui.upload) if ui.upload.value else ui.image
+            ui.progress.max, ui.progress.value = ui.n.value * pipe.image_len, 0
+            r = pipe(ui.prompt.value, n=ui.n.value, rerank=min(ui.keep.value, ui.n.value), cond_scale=ui.scale.value, seed=ui.seed.value,
+                     temperature=ui.temperature.value, top_k=ui.top_k.value, plausibility=ui.plausibility.value, image_prompt=image,
+                     keep_rows=ui.keep_rows.value if image is not None else None, every=ui.every.value, callback=on_step)
+        except ValueError as e:                                    # SettingError, PromptError: the user's to fix
+            ui.status.value, ui.result = f"⚠ {e}", None
+        else:
+            _show(ui, r.images, [f"#{i} clip {s:.2f}" for i, s in zip(r.indices, r.scores)] if r.scores is not None else [f"#{i}" for i in r.indices])
+            extra = (f", image prompt: top {r.settings['keep_rows']} rows kept" if image is not None else "") + (" (stopped)" if ui.stopping.is_set() else "")
+            ui.status.value, ui.result = f"{len(r.images)} image(s) in {time.perf_counter() - t0:.1f}s{extra}", r
+        finally: ui.generate.disabled, ui.stop.disabled = False, True
+    def run(_=None, wait: bool = False):
+        if ui.thread is not None and ui.thread.is_alive(): return None        # one run at a time
+        ui.stopping.clear(); ui.generate.disabled, ui.stop.disabled = True, False
+        ui.status.value = "drawing…"
+        ui.thread = threading.Thread(target=work, daemon=True); ui.thread.start()
+        if wait or _ is None: ui.thread.join(); return ui.result
+    ui.run, ui.forget = run, forget
+    ui.set_image_prompt = lambda image: setattr(ui, "image", image)          # from code, instead of uploading
+    ui.generate.on_click(run); ui.stop.on_click(lambda _: ui.stopping.set()); ui.clear.on_click(forget)

@@ -14,7 +14,7 @@ from .bart import DalleBart, text_mask
 from .dalle import DalleTransformer
 
 # %% auto #0
-__all__ = ['filter_logits', 'supercondition', 'keep_plausible', 'generate', 'row_keys']
+__all__ = ['filter_logits', 'supercondition', 'keep_plausible', 'generate', 'row_keys', 'generate_steps', 'state_bytes']
 
 # %% ../nbs/12_sample.ipynb #11030af5
 def filter_logits(logits, *, temperature=1.0, top_k: int = 0, top_p=None):
@@ -57,56 +57,61 @@ def _draw(logits, t, keys, codes: int, cond_scale, temperature, top_p, plausibil
     step_keys = jax.vmap(jax.random.fold_in, in_axes=(0, None))(keys, t)
     return jax.vmap(jax.random.categorical)(step_keys, logits).astype(jnp.int32)
 
-def _generate(model: DalleBart, text_ids, blank_ids, keys, prefix, n_keep, cond_scale, temperature, top_p, plausibility,
-              top_k: int, guided: bool, nucleus: bool, guard: bool, prefixed: bool):
-    cfg = model.cfg
+def _start(model: DalleBart | DalleTransformer, text_ids, blank_ids, guided: bool) -> dict:
+    "The loop's state before the first image token: the caption rows (and blank rows, guided) encoded into the KV cache."
     rows = jnp.concatenate([text_ids, blank_ids]) if guided else text_ids
-    mask = text_mask(rows, cfg.pad_id)
-    cache = model.decoder.init_cache(model.encoder(rows), mask)
+    if isinstance(model, DalleTransformer):                       # decoder-only: the caption fills the cache once
+        logits, cache = model.prefill(rows)
+        return dict(cache=cache, logits=logits)
+    mask = text_mask(rows, model.cfg.pad_id)
+    return dict(cache=model.decoder.init_cache(model.encoder(rows), mask), mask=mask,
+                prev=jnp.full((text_ids.shape[0],), model.cfg.bos_id, jnp.int32))
 
+def _steps(model, state: dict, ts, keys, prefix, n_keep, cond_scale, temperature, top_p, plausibility,
+           top_k: int, guided: bool, nucleus: bool, guard: bool, prefixed: bool):
+    "Draw the image tokens at positions `ts` for every row: `(new state, ids [B, len(ts)])`."
+    def draw(logits, t):
+        tok = _draw(logits, t, keys, model.cfg.image_codes, cond_scale, temperature, top_p, plausibility, top_k, guided, nucleus, guard)
+        return jnp.where(t < n_keep, prefix[:, t], tok) if prefixed else tok   # image prompt: the given tokens
+    both = lambda tok: jnp.concatenate([tok, tok]) if guided else tok
+    if isinstance(model, DalleTransformer):
+        def step(carry, t):
+            cache, logits = carry
+            tok = draw(logits, t)
+            logits, cache = model.step(both(tok), t, cache)
+            return (cache, logits), tok
+        (cache, logits), toks = jax.lax.scan(step, (state["cache"], state["logits"]), ts)
+        return dict(cache=cache, logits=logits), toks.T
     def step(carry, t):
         cache, prev = carry
-        logits, cache = model.decoder.step(jnp.concatenate([prev, prev]) if guided else prev, t, cache, mask)
-        tok = _draw(logits, t, keys, cfg.image_codes, cond_scale, temperature, top_p, plausibility, top_k, guided, nucleus, guard)
-        if prefixed: tok = jnp.where(t < n_keep, prefix[:, t], tok)   # image prompt: the given tokens, not drawn ones
+        logits, cache = model.decoder.step(both(prev), t, cache, state["mask"])
+        tok = draw(logits, t)
         return (cache, tok), tok
+    (cache, prev), toks = jax.lax.scan(step, (state["cache"], state["prev"]), ts)
+    return dict(cache=cache, mask=state["mask"], prev=prev), toks.T
 
-    start = jnp.full((text_ids.shape[0],), cfg.bos_id, jnp.int32)
-    _, toks = jax.lax.scan(step, (cache, start), jnp.arange(cfg.image_len, dtype=jnp.int32))
-    return toks.T
-
-def _generate_dalle(model: DalleTransformer, text_ids, blank_ids, keys, prefix, n_keep, cond_scale, temperature, top_p,
-                    plausibility, top_k: int, guided: bool, nucleus: bool, guard: bool, prefixed: bool):
-    "The same loop for the DALL·E paper's decoder-only transformer: the caption fills the cache once, then one image token per step."
-    cfg = model.cfg
-    rows = jnp.concatenate([text_ids, blank_ids]) if guided else text_ids
-    logits, cache = model.prefill(rows)
-
-    def step(carry, t):
-        cache, logits = carry
-        tok = _draw(logits, t, keys, cfg.image_codes, cond_scale, temperature, top_p, plausibility, top_k, guided, nucleus, guard)
-        if prefixed: tok = jnp.where(t < n_keep, prefix[:, t], tok)
-        logits, cache = model.step(jnp.concatenate([tok, tok]) if guided else tok, t, cache)
-        return (cache, logits), tok
-
-    _, toks = jax.lax.scan(step, (cache, logits), jnp.arange(cfg.image_len, dtype=jnp.int32))
-    return toks.T
+def _generate(model, text_ids, blank_ids, keys, prefix, *traced, **static):
+    "Every image token in one program: `_start`, then `_steps` over all `image_len` positions."
+    state = _start(model, text_ids, blank_ids, static["guided"])
+    return _steps(model, state, jnp.arange(model.cfg.image_len, dtype=jnp.int32), keys, prefix, *traced, **static)[1]
 
 _STATIC = ("top_k", "guided", "nucleus", "guard", "prefixed")
 _generate_jit = nnx.jit(_generate, static_argnames=_STATIC)
-_generate_dalle_jit = nnx.jit(_generate_dalle, static_argnames=_STATIC)
+_start_jit = nnx.jit(_start, static_argnames=("guided",))
+_steps_jit = nnx.jit(_steps, static_argnames=_STATIC, donate_argnames=("state",))
 
-def generate(model: DalleBart | DalleTransformer, text_ids, keys, *, blank_ids=None, cond_scale: float = 1.0,
-             temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, plausibility: float = 0.0, prefix=None, keep: int = 0):
-    "Sample image token ids `[B, image_len]` for `B` rows of text ids, one PRNG key per row, in one compiled program; the first `keep` tokens are `prefix`'s."
+# %% ../nbs/12_sample.ipynb #7ad79aea
+def _checked(model, text_ids, keys, blank_ids, cond_scale, temperature, top_k, top_p, plausibility, prefix, keep):
+    "Validate `generate`'s arguments: `(text_ids, blank_ids, prefix, traced settings, static settings)`."
     if not isinstance(model, (DalleBart, DalleTransformer)): raise TypeError(f"generate: expected a DalleBart or a DalleTransformer, got {type(model).__name__}")
     text_ids = jnp.asarray(text_ids, jnp.int32)
     if text_ids.ndim != 2: raise ValueError(f"generate: text_ids must be [B, S], got shape {text_ids.shape}")
     if keys.shape[0] != text_ids.shape[0]: raise ValueError(f"generate: {text_ids.shape[0]} rows but {keys.shape[0]} keys")
     if top_k < 0: raise ValueError(f"generate: top_k must be >= 0, got {top_k}")
     if not 0 < top_p <= 1: raise ValueError(f"generate: top_p must be in (0, 1], got {top_p}")
-    if temperature <= 0: raise ValueError(f"generate: temperature must be > 0, got {temperature}")
+    if not 0 < temperature < np.inf: raise ValueError(f"generate: temperature must be a finite number > 0, got {temperature}")
     if not 0 <= plausibility <= 1: raise ValueError(f"generate: plausibility must be in [0, 1], got {plausibility}")
+    if not np.isfinite(cond_scale): raise ValueError(f"generate: cond_scale must be a finite number, got {cond_scale}")
     guided = float(cond_scale) != 1.0
     if guided and blank_ids is None: raise ValueError("generate: cond_scale != 1 needs blank_ids (the empty caption's ids)")
     blank_ids = jnp.asarray(blank_ids if guided else text_ids, jnp.int32)
@@ -121,11 +126,40 @@ def generate(model: DalleBart | DalleTransformer, text_ids, keys, *, blank_ids=N
             raise ValueError(f"generate: prefix ids must be in [0, {model.cfg.image_codes})")
     else:
         prefix = jnp.zeros((1, 1), jnp.int32)                  # unused: the loop compiles without the prompt
-    run = _generate_dalle_jit if isinstance(model, DalleTransformer) else _generate_jit
-    return run(model, text_ids, blank_ids, keys, prefix, jnp.int32(keep), jnp.float32(cond_scale), jnp.float32(temperature),
-               jnp.float32(top_p), jnp.float32(max(plausibility, 1e-30)), top_k=int(top_k), guided=guided,
-               nucleus=float(top_p) < 1.0, guard=float(plausibility) > 0, prefixed=keep > 0)
+    traced = (jnp.int32(keep), jnp.float32(cond_scale), jnp.float32(temperature), jnp.float32(top_p), jnp.float32(max(plausibility, 1e-30)))
+    static = dict(top_k=int(top_k), guided=guided, nucleus=float(top_p) < 1.0, guard=float(plausibility) > 0, prefixed=keep > 0)
+    return text_ids, blank_ids, prefix, traced, static
 
-def row_keys(seed: int, n: int):
-    "The PRNG keys of images `0..n-1` for `seed`: `fold_in(key(seed), i)`."
-    return jax.vmap(jax.random.fold_in, in_axes=(None, 0))(jax.random.key(seed), jnp.arange(n))
+def generate(model: DalleBart | DalleTransformer, text_ids, keys, *, blank_ids=None, cond_scale: float = 1.0,
+             temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, plausibility: float = 0.0, prefix=None, keep: int = 0):
+    "Sample image token ids `[B, image_len]` for `B` rows of text ids, one PRNG key per row, in one compiled program; the first `keep` tokens are `prefix`'s."
+    text_ids, blank_ids, prefix, traced, static = _checked(model, text_ids, keys, blank_ids, cond_scale, temperature, top_k, top_p,
+                                                           plausibility, prefix, keep)
+    return _generate_jit(model, text_ids, blank_ids, keys, prefix, *traced, **static)
+
+def row_keys(seed: int, n):
+    "The PRNG keys of images `0..n-1` for `seed` (or of the image indices `n`, a sequence): `fold_in(key(seed), i)`."
+    idx = jnp.arange(n) if np.ndim(n) == 0 else jnp.asarray(n, jnp.int32)
+    return jax.vmap(jax.random.fold_in, in_axes=(None, 0))(jax.random.key(seed), idx)
+
+# %% ../nbs/12_sample.ipynb #074988c2
+def generate_steps(model: DalleBart | DalleTransformer, text_ids, keys, *, every: int, blank_ids=None, cond_scale: float = 1.0,
+                   temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, plausibility: float = 0.0, prefix=None, keep: int = 0):
+    "`generate` in pieces of `every` tokens: yields `(t, ids [B, t])`, the tokens drawn so far, after each piece, ending at `t = image_len`."
+    if isinstance(every, bool) or not isinstance(every, (int, np.integer)) or every < 1:
+        raise ValueError(f"generate_steps: every must be a positive number of tokens, got {every!r}")
+    text_ids, blank_ids, prefix, traced, static = _checked(model, text_ids, keys, blank_ids, cond_scale, temperature, top_k, top_p,
+                                                           plausibility, prefix, keep)
+    state, n, drawn = _start_jit(model, text_ids, blank_ids, guided=static["guided"]), model.cfg.image_len, []
+    for t0 in range(0, n, every):
+        state, toks = _steps_jit(model, state, jnp.arange(t0, min(t0 + every, n), dtype=jnp.int32), keys, prefix, *traced, **static)
+        drawn.append(np.asarray(toks))
+        yield t0 + drawn[-1].shape[1], np.concatenate(drawn, axis=1)
+
+# %% ../nbs/12_sample.ipynb #2211712b
+def state_bytes(model: DalleBart | DalleTransformer, rows: int, guided: bool = True) -> int:
+    "Bytes of the decode loop's state for `rows` images: KV cache and the caption's keys/values (both halves when guided)."
+    S = model.cfg.max_text_len if isinstance(model, DalleBart) else model.cfg.text_len
+    text = jax.ShapeDtypeStruct((rows, S), jnp.int32)
+    state = jax.eval_shape(lambda t, b: _start(model, t, b, guided), text, text)
+    return int(sum(np.prod(x.shape) * x.dtype.itemsize for x in jax.tree.leaves(state)))

@@ -6,9 +6,10 @@ Docs: https://dalle-nb.github.io/dalle_nb/text.html.md"""
 
 # %% ../nbs/01_text.ipynb #9d12532c
 from __future__ import annotations
-import html, json, re, unicodedata
+import html, json, os, re, unicodedata
 from pathlib import Path
 import numpy as np
+os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")   # we use its tokenizers only: no "PyTorch was not found" notice
 
 # %% auto #0
 __all__ = ['NORMALIZERS', 'SPECIAL_TOKENS', 'CLIP_SPECIAL', 'normalize_text', 'normalize_dalle_mini', 'train_tokenizer',

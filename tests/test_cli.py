@@ -1,9 +1,10 @@
 """The installed `dalle-nb` console script, run as a user would: in a subprocess, with the shipped model."""
-import os, shutil, subprocess, sys
+import json, os, re, shutil, signal, subprocess, sys, time
 from pathlib import Path
 import numpy as np
 import pytest
 from PIL import Image
+import dalle_nb
 
 EXE = shutil.which("dalle-nb") or str(Path(sys.executable).with_name("dalle-nb"))
 
@@ -14,23 +15,40 @@ def run(*args, cwd=None):
     return subprocess.run([EXE, *args], capture_output=True, text=True, timeout=600, cwd=cwd, env=env)
 
 
-def test_generate_writes_pngs_best_first(tmp_path):
+def best_first(stdout):
+    "The file names `generate` lists, best first."
+    return stdout.split("best first: ")[1].split("\n")[0].split()
+
+
+def test_generate_writes_pngs_best_first_that_remember(tmp_path):
     r = run("generate", "a red circle above a blue square", "--n", "6", "--rerank", "3", "--seed", "2", "--out", str(tmp_path / "o"), cwd=tmp_path)
     assert r.returncode == 0, r.stderr
-    files = sorted(p.name for p in (tmp_path / "o").iterdir())
-    assert files == ["grid.png", "image_00.png", "image_01.png", "image_02.png"]
-    img = np.asarray(Image.open(tmp_path / "o" / "image_00.png"))
+    names = best_first(r.stdout)
+    assert sorted(p.name for p in (tmp_path / "o").iterdir()) == sorted(names + ["grid.png"])
+    assert all(re.fullmatch(r"a-red-circle-above-a-blue-square_seed2_000[0-5]\.png", n) for n in names) and len(names) == 3
+    img = np.asarray(Image.open(tmp_path / "o" / names[0]))
     assert img.shape == (64, 64, 3) and img.std() > 0
-    assert "clip scores" in r.stdout
     scores = [float(s) for s in r.stdout.split("clip scores:")[1].split()[:3]]
     assert scores == sorted(scores, reverse=True)
+    text = Image.open(tmp_path / "o" / names[1]).text                      # PNG text chunks
+    assert text["prompt"] == "a red circle above a blue square" and text["seed"] == "2" and text["model"] == "shipped"
+    rec = json.loads(text["dalle_nb"])
+    assert rec["rank"] == 1 and abs(rec["clip_score"] - scores[1]) < 1e-3 and rec["version"] == dalle_nb.__version__
+    assert rec["settings"]["n"] == 6 and rec["settings"]["rerank"] == 3 and rec["settings"]["cond_scale"] == 2.0
+    assert f"_seed2_{rec['index']:04d}.png" in names[1] and len(rec["tokens"]) == 128
+    # the same image again, from its file alone
+    again = run("generate", "--from", str(tmp_path / "o" / names[1]), "--out", str(tmp_path / "again"), cwd=tmp_path)
+    assert again.returncode == 0 and "the same tokens as recorded" in again.stdout, again.stderr
+    assert (np.asarray(Image.open(tmp_path / "again" / names[1])) == np.asarray(Image.open(tmp_path / "o" / names[1]))).all()
 
 
 def test_same_seed_same_images(tmp_path):
     a = run("generate", "a green square", "--n", "2", "--rerank", "0", "--seed", "7", "--out", str(tmp_path / "a"), cwd=tmp_path)
     b = run("generate", "a green square", "--n", "2", "--rerank", "0", "--seed", "7", "--out", str(tmp_path / "b"), cwd=tmp_path)
     assert a.returncode == b.returncode == 0
-    for name in ("image_00.png", "image_01.png"):
+    names = [f"a-green-square_seed7_{i:04d}.png" for i in range(2)]
+    assert best_first(a.stdout) == best_first(b.stdout) == names
+    for name in names:
         assert (np.asarray(Image.open(tmp_path / "a" / name)) == np.asarray(Image.open(tmp_path / "b" / name))).all()
 
 
@@ -41,10 +59,34 @@ def test_same_seed_same_images(tmp_path):
     (["generate", "a red circle", "--n", "-3", "--out", "o"], "--n must be"),
     (["generate", "a red circle", "--n", "2", "--rerank", "9", "--out", "o"], "--rerank must be"),
     (["generate", "a red circle", "--model", "no/such/dir", "--out", "o"], "does not exist"),
+    (["generate", "a red circle", "--cond-scale", "nan", "--out", "o"], "--cond-scale must be a finite number, got nan"),
+    (["generate", "a red circle", "--cond-scale=-inf", "--out", "o"], "--cond-scale must be a finite number"),
+    (["generate", "a red circle", "--temperature", "0", "--out", "o"], "--temperature must be > 0"),
+    (["generate", "a red circle", "--top-p", "nan", "--out", "o"], "--top-p must be a finite number"),
+    (["generate", "a red circle", "--top-k", "100000", "--out", "o"], "--top-k must be in [0,"),
+    (["generate", "a red circle", "--plausibility", "2", "--out", "o"], "--plausibility must be in [0, 1]"),
+    (["generate", "a red circle", "--seed", "-1", "--out", "o"], "--seed must be in [0,"),
+    (["generate", "a red circle", "--keep-rows", "2", "--out", "o"], "--keep-rows needs an image prompt"),
+    (["generate", "a red circle", "--image-prompt", "nothing.png", "--out", "o"], "no such image file"),
+    (["generate", "a red circle", "--image-prompt", "notes.txt", "--out", "o"], "--image-prompt cannot be read"),
+    (["generate", "a red circle", "--image-prompt", "tiny.png", "--out", "o"], "--image-prompt is too small"),
+    (["generate", "a red circle", "--progressive", "0", "--out", "o"], "--progressive must be >= 1"),
+    (["generate", "--out", "o"], "give one prompt"),
+    (["generate", "a red circle", "--prompts", "p.txt", "--out", "o"], "give one prompt"),
+    (["generate", "--prompts", "empty.txt", "--out", "o"], "no prompts in it"),
+    (["generate", "--prompts", "bad.txt", "--out", "o"], "prompt 2"),
+    (["generate", "--from", "nothing.png", "--out", "o"], "no such file"),
+    (["generate", "--from", "tiny.png", "--out", "o"], "no dalle_nb generation record"),
+    (["generate", "a red circle", "--out", "/proc/nope/o"], "--out /proc/nope/o: cannot write there"),
+    (["generate", "a red circle", "--out", "notes.txt"], "--out notes.txt: cannot write there"),
     (["train", "--workdir", "w", "--set", "bart.d_model=abc"], "bart.d_model=abc"),
     (["train", "--workdir", "w", "--preset", "huge"], "unknown preset"),
 ])
 def test_user_mistakes_are_one_line_errors(tmp_path, args, message):
+    (tmp_path / "notes.txt").write_text("not an image")
+    (tmp_path / "empty.txt").write_text("# only a comment\n\n")
+    (tmp_path / "bad.txt").write_text("a red circle\n\U0001F642\n")
+    Image.fromarray(np.zeros((4, 4, 3), np.uint8)).save(tmp_path / "tiny.png")
     r = run(*args, cwd=tmp_path)
     assert r.returncode == 2, (r.stdout, r.stderr)
     assert "Traceback" not in r.stderr
@@ -101,4 +143,53 @@ def test_train_then_retrain_one_stage_then_generate(tmp_path):
     assert "| clip | 12 | 16 | shampoo |" in card and "| bart | 8 | 16 | adam |" in card
     r = run("generate", "a red circle", "--n", "2", "--model", str(model), "--out", str(tmp_path / "o"), cwd=tmp_path)
     assert r.returncode == 0, r.stderr
-    assert sorted(p.name for p in (tmp_path / "o").iterdir()) == ["grid.png", "image_00.png", "image_01.png"]
+    assert sorted(p.name for p in (tmp_path / "o").iterdir()) == ["a-red-circle_seed0_0000.png", "a-red-circle_seed0_0001.png", "grid.png"]
+
+
+def test_ctrl_c_keeps_every_finished_image(tmp_path):
+    "A long run interrupted as a user would (SIGINT): every batch already drawn is on disk, whole, with a grid; exit status 130."
+    env = {**os.environ, "DALLE_NB_CACHE": str(tmp_path / ".cache")}
+    env.pop("XLA_FLAGS", None)
+    out = tmp_path / "o"
+    p = subprocess.Popen([EXE, "generate", "a red circle", "--n", "100000", "--rerank", "0", "--out", str(out)], cwd=tmp_path, env=env,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 300
+    while time.time() < deadline and p.poll() is None and len(list(out.glob("a-red-circle_*.png"))) < 16:
+        time.sleep(0.5)
+    p.send_signal(signal.SIGINT)
+    stdout, stderr = p.communicate(timeout=120)
+    assert p.returncode == 130, (stdout, stderr)
+    assert "memory: about" in stderr and ("image/s" in stderr or "s/image" in stderr)     # the estimate, then a progress bar with its rate
+    kept = int(stderr.split("interrupted: kept the ")[1].split()[0])
+    files = sorted(out.glob("a-red-circle_seed0_*.png"))
+    assert kept == len(files) and kept >= 16 and kept % 16 == 0, (kept, len(files))    # whole batches of 16
+    assert [f.name for f in files] == [f"a-red-circle_seed0_{i:04d}.png" for i in range(kept)]
+    for f in files: assert np.asarray(Image.open(f)).shape == (64, 64, 3)              # none half written
+    assert (out / "grid.png").exists() and not list(out.glob(".*.tmp"))
+
+
+def test_progressive_frames_and_prompts_file(tmp_path):
+    (tmp_path / "prompts.txt").write_text("a red circle\na blue square above a green circle\n")
+    r = run("generate", "--prompts", "prompts.txt", "--n", "3", "--rerank", "2", "--progressive", "32", "--out", "o", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert sorted(p.name for p in (tmp_path / "o").iterdir()) == ["a-blue-square-above-a-green-circle", "a-red-circle", "progress", "progress.gif"]
+    for d in ("a-red-circle", "a-blue-square-above-a-green-circle"):
+        assert len(list((tmp_path / "o" / d).glob("*_seed0_*.png"))) == 2 and (tmp_path / "o" / d / "grid.png").exists()
+    frames = sorted((tmp_path / "o" / "progress").iterdir())
+    assert len(frames) == 4                                                 # 6 rows in one batch: 32, 64, 96 tokens, done
+    first, last = (np.asarray(Image.open(f)) for f in (frames[0], frames[-1]))
+    assert (first == 128).mean() > 0.5 and (last == 128).mean() < 0.05       # grey where nothing is drawn yet, then none
+    gif = Image.open(tmp_path / "o" / "progress.gif")
+    assert gif.is_animated and gif.n_frames >= 4
+
+
+def test_importing_prints_nothing_alarming(tmp_path):
+    "No banner from transformers (\"PyTorch was not found\") or JAX when a user imports the package and generates."
+    code = ("import dalle_nb.pipeline, dalle_nb.cli\n"
+            "from transformers.utils import logging\n"
+            "logging.get_logger('transformers').warning_advice('PyTorch was not found.')\n"   # what transformers prints without torch
+            "dalle_nb.pipeline.Pipeline()('a red circle', n=1, rerank=0)\n")
+    env = {**os.environ}; env.pop("XLA_FLAGS", None); env.pop("TRANSFORMERS_NO_ADVISORY_WARNINGS", None)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env)
+    assert r.returncode == 0, r.stderr
+    assert r.stderr.strip() == "", r.stderr

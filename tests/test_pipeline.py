@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 from dalle_nb.modeldir import micro_models, save_models, load_models
-from dalle_nb.pipeline import Pipeline, PromptError
+from dalle_nb.pipeline import Pipeline, PromptError, image_name
 
 
 @pytest.fixture(scope="module")
@@ -34,7 +34,7 @@ def test_cond_scale_changes_samples(pipe):
 
 def test_bad_requests(pipe):
     with pytest.raises(PromptError): pipe("   ", n=2)
-    with pytest.raises(ValueError, match="positive"): pipe("a red circle", n=0)
+    with pytest.raises(ValueError, match="n must be >= 1"): pipe("a red circle", n=0)
     with pytest.raises(ValueError, match="rerank"): pipe("a red circle", n=2, rerank=3)
 
 
@@ -45,7 +45,7 @@ def test_save_and_reload_gives_same_images(tmp_path, pipe):
     b = again("a cyan circle", n=3, rerank=0, seed=5)
     assert (a.tokens == b.tokens).all()
     paths = b.save(tmp_path / "out")
-    assert [p.name for p in paths] == ["image_00.png", "image_01.png", "image_02.png", "grid.png"]
+    assert [p.name for p in paths] == [image_name("a cyan circle", 5, i) for i in range(3)] + ["grid.png"]
 
 
 def test_plausibility_one_is_greedy_conditional_decoding(pipe):
@@ -121,3 +121,16 @@ def test_shipped_tokenizer_spells_held_out_pairs_with_seen_tokens():
     assert set(ids[0, figure, 1]) <= set(ids[2, :, 1])                       # ... and is the red square's red
     from dalle_nb.images import to_uint8
     assert caption_match(to_uint8(np.asarray(m.vqgan.decode(ids[:1].reshape(1, -1))))[0], "a large red triangle")
+
+
+def test_progressive_bench_runs(tmp_path):
+    "bench/progressive.py at its smallest: both paths timed, the same tokens."
+    import json, subprocess, sys
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[1]
+    r = subprocess.run([sys.executable, str(root / "bench" / "progressive.py"), "--n", "2", "--every", "64", "--repeats", "1",
+                        "--out", str(tmp_path)], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    rows = json.loads((tmp_path / "progressive.json").read_text())["rows"]
+    assert [row["every"] for row in rows] == [None, 64] and all(row["same_tokens"] for row in rows)
+    assert rows[1]["frames_per_call"] == 2 and all(row["warm_s"] > 0 for row in rows)
