@@ -146,6 +146,8 @@ def _checked(a, prompts):
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             every = None if a.progressive is None else check_setting("every", a.progressive)
+            for name in ("n", "rerank", "cond_scale", "seed", "temperature", "top_k", "top_p", "plausibility", "keep_rows"):
+                if getattr(a, name) is not None: check_setting(name, getattr(a, name))   # NaN, sign: before loading anything
             pipe = Pipeline(a.model)
             st = pipe.settings(a.n, a.rerank, a.cond_scale, 0 if a.seed is None else a.seed, a.temperature, a.top_k, a.top_p, a.plausibility)
             for i, p in enumerate(prompts):
@@ -201,7 +203,8 @@ def cmd_generate(a) -> int:
                   **{k: st[k] for k in ("n", "rerank", "cond_scale", "seed", "temperature", "top_k", "top_p", "plausibility")})
     except KeyboardInterrupt:
         bar.close()
-        kept = sum(len(r.images) for r, _ in written.values())
+        for f in folders: f.regrid()                                 # the interrupt may have come between an image and the grid
+        kept = sum(len(f.files) for f in folders)
         print(f"dalle-nb: interrupted: kept the {kept} finished image(s) in {out.resolve()}", file=sys.stderr)
         return 130
     finally: preview = frames.gif()

@@ -35,7 +35,7 @@ _RANGES = {  # setting: (whole number?, lowest, highest (None: no limit), lowest
     "n": (True, 1, None, False), "rerank": (True, 0, None, False), "seed": (True, 0, 2**32 - 1, False),
     "cond_scale": (False, 0, None, False), "temperature": (False, 0, None, True), "top_k": (True, 0, None, False),
     "top_p": (False, 0, 1, True), "plausibility": (False, 0, 1, False), "keep_rows": (True, 0, None, False),
-    "every": (True, 1, None, False)}
+    "every": (True, 1, None, False), "batch_size": (True, 1, None, False)}
 
 def check_setting(name: str, value, high=None):
     "`value` of setting `name` as an int or a finite float inside its range (`high` overrides the top), else `SettingError`."
@@ -58,7 +58,7 @@ class Pipeline:
     "Text → ranked images with a loaded model directory."
     def __init__(self, models: Models | str | Path | None = None, batch_size: int = 16):
         self.models = models if isinstance(models, Models) else load_models(models)
-        self.cfg, self.batch_size = self.models.cfg, check_setting("n", batch_size)
+        self.cfg, self.batch_size = self.models.cfg, check_setting("batch_size", batch_size)
         self._decode = nnx.jit(lambda m, ids: m.decode(ids))
         self._encode = nnx.jit(lambda m, x: m.encode(x))
         self._score = nnx.jit(clip_scores) if self.models.clip is not None else None
@@ -324,22 +324,25 @@ def read_record(path) -> dict:
 class ImageFolder:
     "A folder kept in step with a growing `Result`: new images written, dropped ones deleted, `grid.png` rewritten."
     def __init__(self, out_dir):
-        self.dir, self.ranks = Path(out_dir), {}         # candidate index → rank of the file on disk
+        self.dir, self.files = Path(out_dir), {}         # candidate index → (rank, path) of each image on disk
 
     def sync(self, r: Result, grid: bool = True) -> list[Path]:
         "Bring the folder up to `r`; returns the image paths, best first (then `grid.png`)."
-        name = lambda i: self.dir / image_name(r.prompt, r.settings["seed"], i)
         ranks = {int(i): k for k, i in enumerate(r.indices)}
-        for i in set(self.ranks) - set(ranks): name(i).unlink(missing_ok=True)
+        for i in set(self.files) - set(ranks): self.files.pop(i)[1].unlink(missing_ok=True)
         for i, k in ranks.items():
-            if self.ranks.get(i) != k or r.scores is not None:        # new, moved, or its score/rank to update
+            if self.files.get(i, (None,))[0] != k or r.scores is not None:   # new, moved, or its score/rank to update
                 rec = r.record(k)
-                save_png(r.images[k], name(i), text={"prompt": r.prompt, "seed": rec["seed"], "index": i, "model": r.model,
-                                                     "Software": f"dalle_nb {rec['version']}", "dalle_nb": json.dumps(rec)})
-        self.ranks = ranks
-        paths = [name(int(i)) for i in r.indices]
-        if grid and len(r.images): paths.append(save_png(r.grid(), self.dir / "grid.png"))
-        return paths
+                self.files[i] = (k, save_png(r.images[k], self.dir / image_name(r.prompt, rec["seed"], i), text={
+                    "prompt": r.prompt, "seed": rec["seed"], "index": i, "model": r.model, "Software": f"dalle_nb {rec['version']}",
+                    "dalle_nb": json.dumps(rec)}))
+        paths = [self.files[i][1] for i in ranks]
+        return paths + [save_png(r.grid(), self.dir / "grid.png")] if grid and paths else paths
+
+    def regrid(self) -> Path | None:
+        "Rewrite `grid.png` from the images on disk, best first (after a `sync` was interrupted); None if there are none."
+        paths = [p for _, p in sorted(self.files.values())][:64]
+        return save_png(image_grid(np.stack([load_image(p) for p in paths])), self.dir / "grid.png") if paths else None
 
 # %% ../nbs/13_pipeline.ipynb #0a2e3327
 _SAMPLING = ("n", "rerank", "cond_scale", "seed", "temperature", "top_k", "top_p", "plausibility")

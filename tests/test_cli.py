@@ -162,7 +162,7 @@ def test_ctrl_c_keeps_every_finished_image(tmp_path):
     assert "memory: about" in stderr and ("image/s" in stderr or "s/image" in stderr)     # the estimate, then a progress bar with its rate
     kept = int(stderr.split("interrupted: kept the ")[1].split()[0])
     files = sorted(out.glob("a-red-circle_seed0_*.png"))
-    assert kept == len(files) and kept >= 16 and kept % 16 == 0, (kept, len(files))    # whole batches of 16
+    assert kept == len(files) >= 16, (kept, len(files))                                 # the first batch of 16, at least
     assert [f.name for f in files] == [f"a-red-circle_seed0_{i:04d}.png" for i in range(kept)]
     for f in files: assert np.asarray(Image.open(f)).shape == (64, 64, 3)              # none half written
     assert (out / "grid.png").exists() and not list(out.glob(".*.tmp"))

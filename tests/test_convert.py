@@ -297,8 +297,8 @@ def test_cli_convert_then_generate(tmp_path):
             "--out", str(tmp_path / "images"), cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     names = sorted(p.name for p in (tmp_path / "images").iterdir())
-    assert len(names) == 2 and names[0] == "grid.png" and names[1].startswith("a-red-circle_seed0_"), names
-    assert np.asarray(Image.open(tmp_path / "images" / names[1])).shape == (16, 16, 3)
+    assert len(names) == 2 and names[1] == "grid.png" and names[0].startswith("a-red-circle_seed0_"), names
+    assert np.asarray(Image.open(tmp_path / "images" / names[0])).shape == (16, 16, 3)
     assert "clip scores" in r.stdout
     # user mistakes: one line, exit status 2, nothing written
     for args, msg in [(["--from", "dalle-mini", str(s["dalle"]), "--out", str(tmp_path / "m2")], "needs --vqgan DIR"),

@@ -88,7 +88,7 @@ def test_installed_cli_completes_an_image_with_a_dalle_arch_model(dalle_dir, tmp
             "--keep-rows", "3", "--out", str(tmp_path / "p"), cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     names = sorted(p.name for p in (tmp_path / "p").iterdir())
-    assert len(names) == 2 and names[0] == "grid.png" and re.fullmatch(r"a-red-circle_seed0_000[01]\.png", names[1]), names
+    assert len(names) == 2 and "grid.png" in names and any(re.fullmatch(r"a-red-circle_seed0_000[01]\.png", n) for n in names), names
 
 
 def main_in_process(*argv):
@@ -106,10 +106,10 @@ def test_cli_info_describes_a_dalle_arch_model(dalle_dir):
 
 
 @pytest.mark.parametrize("args, message", [
-    (["generate", "a red circle", "--keep-rows", "3", "--out", "o"], "keep_rows needs an image prompt"),
+    (["generate", "a red circle", "--keep-rows", "3", "--out", "o"], "--keep-rows needs an image prompt"),
     (["generate", "a red circle", "--image-prompt", "missing.png", "--out", "o"], "no such image file"),
     (["generate", "a red circle", "--image-prompt", "bad.png", "--out", "o"], "not a readable image"),
-    (["generate", "a red circle", "--image-prompt", "pic.png", "--keep-rows", "9", "--out", "o"], "keep_rows must be between 0 and the token grid's 8 rows"),
+    (["generate", "a red circle", "--image-prompt", "pic.png", "--keep-rows", "9", "--out", "o"], "--keep-rows must be in [0, 8], got 9"),
     (["train", "--workdir", "w", "--arch", "dalle", "--stages", "bart"], "do not belong to a run with arch=dalle"),
     (["train", "--workdir", "w", "--arch", "dalle", "--stages", "dalle"], "train all stages first"),
 ])
