@@ -261,7 +261,7 @@ class Best:
 
 @patch
 def many(self: Pipeline, prompts, callback=None, **kw) -> list[Result]:
-    "One `Result` per prompt (`stream`'s settings); `callback(step, results)` sees each step (results after finished ones; return False to stop)."
+    "One `Result` per prompt (`stream`'s settings); `callback(step, results)` sees each step (after a finished one, the Results of its prompts, else None; return False to stop)."
     t0, prompts = time.perf_counter(), [prompts] if isinstance(prompts, str) else list(prompts)
     sampling = {k: kw[k] for k in ("n", "rerank", "cond_scale", "seed", "temperature", "top_k", "top_p", "plausibility") if k in kw}
     st = self.settings(**sampling)
@@ -270,14 +270,15 @@ def many(self: Pipeline, prompts, callback=None, **kw) -> list[Result]:
         st.update(keep_rows=check_setting("keep_rows", self.grid // 2 if kw.get("keep_rows") is None else kw["keep_rows"], high=self.grid),
                   image_prompt=str(kw["image_prompt"]) if isinstance(kw["image_prompt"], (str, Path)) else "array")
     bests, res = [Best(st["rerank"]) for _ in prompts], self.cfg.tokenizer_cfg.resolution
-    results = lambda: [b.result(p, st, time.perf_counter() - t0, self.name, (res, res, 3)) for p, b in zip(prompts, bests)]
+    results = lambda which: [b.result(p, st, time.perf_counter() - t0, self.name, (res, res, 3)) if j in which else None
+                             for j, (p, b) in enumerate(zip(prompts, bests))]
     for step in self.stream(prompts, **kw):
         if step.final:
             for j in np.unique(step.prompts):
                 m = step.prompts == j
                 bests[j].add(step.indices[m], step.images[m], step.tokens[m], None if step.scores is None else step.scores[m])
-        if callback is not None and callback(step, results() if step.final else None) is False: break
-    return results()
+        if callback is not None and callback(step, results(set(step.prompts)) if step.final else None) is False: break
+    return results(range(len(prompts)))
 
 @patch
 def __call__(self: Pipeline, prompt: str, n=None, rerank=None, cond_scale=None, seed=0, temperature=None, top_k=None, top_p=None,
@@ -331,6 +332,7 @@ class ImageFolder:
         ranks = {int(i): k for k, i in enumerate(r.indices)}
         for i in set(self.files) - set(ranks): self.files.pop(i)[1].unlink(missing_ok=True)
         for i, k in ranks.items():
+            if r.scores is None and i in self.files: continue               # unranked: a file on disk never changes
             if self.files.get(i, (None,))[0] != k or r.scores is not None:   # new, moved, or its score/rank to update
                 rec = r.record(k)
                 self.files[i] = (k, save_png(r.images[k], self.dir / image_name(r.prompt, rec["seed"], i), text={
@@ -460,7 +462,7 @@ def _wire(ui):
         ui.image = None
     def on_step(step, results):
         if step.t % ui.every.value == 0 or step.final:
-            shown = step.images if not step.final else np.concatenate([r.images for r in results])
+            shown = step.images if not step.final else np.concatenate([r.images for r in results if r is not None])
             _show(ui, shown, [f"#{i}" for i in step.indices] if not step.final else [""] * len(shown))
         ui.progress.value = step.done * step.image_len + (0 if step.final else step.t * len(step.indices))
         return not ui.stopping.is_set()
