@@ -82,17 +82,43 @@ def test_same_seed_same_images(tmp_path):
     (["train", "--workdir", "w", "--set", "bart.d_model=abc"], "bart.d_model=abc"),
     (["train", "--workdir", "w", "--preset", "huge"], "unknown preset"),
 ])
-def test_user_mistakes_are_one_line_errors(tmp_path, args, message):
-    (tmp_path / "notes.txt").write_text("not an image")
-    (tmp_path / "empty.txt").write_text("# only a comment\n\n")
-    (tmp_path / "bad.txt").write_text("a red circle\n\U0001F642\n")
-    Image.fromarray(np.zeros((4, 4, 3), np.uint8)).save(tmp_path / "tiny.png")
-    r = run(*args, cwd=tmp_path)
-    assert r.returncode == 2, (r.stdout, r.stderr)
-    assert "Traceback" not in r.stderr
-    lines = [l for l in r.stderr.splitlines() if l.strip()]
-    assert len(lines) == 1 and lines[0].startswith("dalle-nb: error:") and message in lines[0], r.stderr
+def test_user_mistakes_are_one_line_errors(tmp_path, monkeypatch, capsys, args, message):
+    "Every mistake through `main` in this process (the console script is `main`; a subprocess each cost ~6 s)."
+    from dalle_nb import cli
+    _mistake_files(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(cli, "_enable_compile_cache", lambda: None)     # leave this process's jax config alone
+    code = cli.main(args)
+    err = capsys.readouterr().err
+    _one_line_error(code, err, message)
     assert not (tmp_path / "o").exists()          # nothing written for a rejected request
+
+
+@pytest.mark.parametrize("args, message", [
+    (["generate", "a red circle", "--cond-scale", "nan", "--out", "o"], "--cond-scale must be a finite number, got nan"),
+    (["generate", "a red circle", "--out", "/proc/nope/o"], "--out /proc/nope/o: cannot write there"),
+    (["generate", "a red circle", "--image-prompt", "tiny.png", "--out", "o"], "--image-prompt is too small"),
+])
+def test_user_mistakes_from_the_console_script(tmp_path, args, message):
+    "A few of the same, as a user's shell meets them: one line on stderr, exit status 2, no traceback."
+    _mistake_files(tmp_path)
+    r = run(*args, cwd=tmp_path)
+    assert "Traceback" not in r.stderr
+    _one_line_error(r.returncode, r.stderr, message)
+    assert not (tmp_path / "o").exists()
+
+
+def _mistake_files(d):
+    (d / "notes.txt").write_text("not an image")
+    (d / "empty.txt").write_text("# only a comment\n\n")
+    (d / "bad.txt").write_text("a red circle\n\U0001F642\n")
+    Image.fromarray(np.zeros((4, 4, 3), np.uint8)).save(d / "tiny.png")
+
+
+def _one_line_error(code, stderr, message):
+    assert code == 2, stderr
+    lines = [l for l in stderr.splitlines() if l.strip()]
+    assert len(lines) == 1 and lines[0].startswith("dalle-nb: error:") and message in lines[0], stderr
 
 
 def test_corrupt_model_directory(tmp_path):
