@@ -6,7 +6,7 @@ Docs: https://dalle-nb.github.io/dalle_nb/cli.html.md"""
 
 # %% ../nbs/14_cli.ipynb #32ad28c1
 from __future__ import annotations
-import argparse, os, sys, time, warnings
+import argparse, contextlib, os, signal, sys, threading, time, warnings
 from pathlib import Path
 
 # %% auto #0
@@ -17,7 +17,8 @@ class UsageError(Exception):
     "A mistake in how the command was called (reported in one line, exit status 2)."
 
 def _enable_compile_cache():
-    "Keep compiled programs between runs (~/.cache/dalle_nb/jax), so a second `generate` starts fast."
+    "Keep compiled programs between runs (~/.cache/dalle_nb/jax, or under $DALLE_NB_CACHE), so a second `generate` starts fast; DALLE_NB_COMPILE_CACHE=0 turns it off."
+    if os.environ.get("DALLE_NB_COMPILE_CACHE", "1").strip().lower() in ("0", "off", "no", "false"): return
     import jax
     d = Path(os.environ.get("DALLE_NB_CACHE", Path.home() / ".cache" / "dalle_nb")) / "jax"
     try:
@@ -174,6 +175,21 @@ def _progress_writer(out: Path, every):
     write.gif = gif
     return write
 
+def _ctrl_c_handler(stop):
+    "A SIGINT handler: the first Ctrl-C sets `stop` (the run ends after the images being drawn); a second raises `KeyboardInterrupt`."
+    def handler(sig, frame):
+        if stop.is_set(): raise KeyboardInterrupt
+        stop.set(); print("\ndalle-nb: stopping after the images being drawn now (Ctrl-C again: at once)", file=sys.stderr)
+    return handler
+
+@contextlib.contextmanager
+def _ctrl_c_sets(stop):
+    "Within: `_ctrl_c_handler(stop)` answers Ctrl-C (when in the main thread: signals reach no other)."
+    if threading.current_thread() is not threading.main_thread(): yield stop; return
+    old = signal.signal(signal.SIGINT, _ctrl_c_handler(stop))
+    try: yield stop
+    finally: signal.signal(signal.SIGINT, old)
+
 # %% ../nbs/14_cli.ipynb #00311ba7
 def cmd_generate(a) -> int:
     "Generate images for a prompt (or `--prompts FILE`, or again `--from PNG`), writing each PNG as its batch finishes."
@@ -191,24 +207,25 @@ def cmd_generate(a) -> int:
     print(f"dalle-nb: {total} image(s) to draw for {len(prompts)} prompt(s), {min(pipe.batch_size, total)} at a time; memory: about "
           f"{est['total'] / 2**20:,.0f} MiB (weights {est['weights'] / 2**20:,.0f}, a batch {est['batch'] / 2**20:,.0f}, images kept {est['kept'] / 2**20:,.0f})", file=sys.stderr)
     bar = tqdm(total=total, unit="image", desc="generating", file=sys.stderr, disable=a.quiet)
-    frames, written = _progress_writer(out, st["every"]), {}
+    frames, written, stop = _progress_writer(out, st["every"]), {}, threading.Event()
     def on_step(step, results):
         frames(step)
-        if not step.final: bar.set_postfix_str(f"tokens {step.t}/{step.image_len}"); return
-        bar.set_postfix_str("")
-        for j in np.unique(step.prompts): written[int(j)] = (results[j], folders[j].sync(results[j]))
-        bar.update(len(step.indices))
-    try:
-        pipe.many(prompts, callback=on_step, every=st["every"], image_prompt=a.image_prompt, keep_rows=a.keep_rows,
-                  **{k: st[k] for k in ("n", "rerank", "cond_scale", "seed", "temperature", "top_k", "top_p", "plausibility")})
-    except KeyboardInterrupt:
-        bar.close()
+        if step.final:
+            for j in np.unique(step.prompts): written[int(j)] = (results[j], folders[j].sync(results[j]))
+            bar.update(len(step.indices))
+        bar.set_postfix_str("" if step.final else f"tokens {step.t}/{step.image_len}")
+        return not stop.is_set()
+    with _ctrl_c_sets(stop):
+        try: pipe.many(prompts, callback=on_step, every=st["every"], image_prompt=a.image_prompt, keep_rows=a.keep_rows,
+                       **{k: st[k] for k in ("n", "rerank", "cond_scale", "seed", "temperature", "top_k", "top_p", "plausibility")})
+        except KeyboardInterrupt: stop.set()                         # the second Ctrl-C
+        finally: preview = frames.gif()
+    bar.close()
+    if stop.is_set():
         for f in folders: f.regrid()                                 # the interrupt may have come between an image and the grid
         kept = sum(len(f.files) for f in folders)
         print(f"dalle-nb: interrupted: kept the {kept} finished image(s) in {out.resolve()}", file=sys.stderr)
         return 130
-    finally: preview = frames.gif()
-    bar.close()
     for j, (r, paths) in sorted(written.items()):
         scores = "" if r.scores is None else "  clip scores: " + " ".join(f"{s:.3f}" for s in r.scores)
         print(f"{len(r.images)} image(s) for {r.prompt!r}{scores}")

@@ -15,7 +15,7 @@ from flax import nnx, serialization, traverse_util
 from .config import (VQGANConfig, BartConfig, CLIPConfig, RunConfig, SampleConfig, F16_VQGAN, CLIP_VIT_B32,
                              PRESETS)
 from .text import TextEncoder, TokenizerFileError, bart_tokenizer, clip_tokenizer
-from .weights import WeightsError, read_params, _flat_params, _restore_int_keys
+from .weights import WeightsError, read_params, _flat_params, _restore_int_keys, unstack_layers, stack_layers
 from .vqgan import VQGAN
 from .bart import DalleBart
 from .clip import CLIP
@@ -23,13 +23,13 @@ from .modeldir import Models, save_models
 
 # %% auto #0
 __all__ = ['FLAX_BART_LAYER', 'SOURCES', 'ConvertError', 'read_torch', 'read_safetensors', 'read_flax', 'read_json', 'torch_name',
-           'torch_shape', 'from_torch', 'to_torch', 'unstack_layers', 'stack_layers', 'model_shapes', 'build_model',
-           'from_torch_state', 'to_torch_state', 'bart_from_min_dalle', 'min_dalle_state', 'min_dalle_config',
-           'vqgan_from_min_dalle', 'min_dalle_detoker_state', 'flax_bart_name', 'bart_config_from_dalle_mini',
-           'bart_from_dalle_mini', 'bart_to_dalle_mini', 'save_flax', 'flax_vqgan_name', 'vqgan_config_from_flax',
-           'vqgan_from_flax', 'vqgan_to_flax', 'clip_config_from_transformers', 'clip_from_transformers',
-           'clip_to_transformers', 'load_clip', 'load_vqgan_flax', 'load_min_dalle', 'load_dalle_mini',
-           'save_dalle_mini', 'save_transformers_clip', 'convert']
+           'torch_shape', 'from_torch', 'to_torch', 'model_shapes', 'build_model', 'from_torch_state', 'to_torch_state',
+           'bart_from_min_dalle', 'min_dalle_state', 'min_dalle_config', 'vqgan_from_min_dalle',
+           'min_dalle_detoker_state', 'flax_bart_name', 'bart_config_from_dalle_mini', 'bart_from_dalle_mini',
+           'bart_to_dalle_mini', 'save_flax', 'flax_vqgan_name', 'vqgan_config_from_flax', 'vqgan_from_flax',
+           'vqgan_to_flax', 'clip_config_from_transformers', 'clip_from_transformers', 'clip_to_transformers',
+           'load_clip', 'load_vqgan_flax', 'load_min_dalle', 'load_dalle_mini', 'save_dalle_mini',
+           'save_transformers_clip', 'convert']
 
 # %% ../nbs/10b_convert.ipynb #50eaf262
 class ConvertError(ValueError):
@@ -109,28 +109,6 @@ def to_torch(key: str, a: np.ndarray) -> np.ndarray:
     return a
 
 # %% ../nbs/10b_convert.ipynb #12a9dc00
-_LAYER = re.compile(r"^(encoder|decoder)/layers/layers/(\d+)/(.+)$")
-_STACKED = re.compile(r"^(encoder|decoder)/layers/layers/(?!\d+/)(.+)$")
-
-def unstack_layers(flat: dict) -> dict:
-    "Scanned BART parameters (`…/layers/layers/x` `[L, …]`) → one entry per layer (`…/layers/layers/i/x`)."
-    out = {}
-    for k, v in flat.items():
-        m = _STACKED.match(k)
-        if m: out.update({f"{m[1]}/layers/layers/{i}/{m[2]}": v[i] for i in range(v.shape[0])})
-        else: out[k] = v
-    return out
-
-def stack_layers(flat: dict) -> dict:
-    "The inverse of `unstack_layers`."
-    out, groups = {}, {}
-    for k, v in flat.items():
-        m = _LAYER.match(k)
-        if m: groups.setdefault(f"{m[1]}/layers/layers/{m[3]}", {})[int(m[2])] = v
-        else: out[k] = v
-    out.update({k: np.stack([g[i] for i in range(len(g))]) for k, g in groups.items()})
-    return out
-
 @functools.lru_cache(maxsize=32)
 def _shapes(cls, cfg) -> tuple:
     return tuple((k, tuple(v.shape)) for k, v in _flat_params(nnx.eval_shape(lambda: cls(cfg, rngs=nnx.Rngs(0)))).items())

@@ -6,15 +6,28 @@ Docs: https://dalle-nb.github.io/dalle_nb/layers.html.md"""
 
 # %% ../nbs/04_layers.ipynb #23207d43
 from __future__ import annotations
-import math
+import math, os
 import jax, jax.numpy as jnp
 from flax import nnx
 from flax.core import spmd as flax_spmd
 from jax.sharding import PartitionSpec as P
 
 # %% auto #0
-__all__ = ['LOGICAL_AXES', 'ACTIVATIONS', 'dtype_of', 'param', 'logical_to_spec', 'constrain', 'normal', 'Linear', 'Embed',
-           'Norm', 'Conv', 'gelu', 'quick_gelu', 'swish']
+__all__ = ['LOGICAL_AXES', 'ACTIVATIONS', 'xla_cpu_defaults', 'dtype_of', 'param', 'logical_to_spec', 'constrain', 'normal',
+           'Linear', 'Embed', 'Norm', 'Conv', 'gelu', 'quick_gelu', 'swish']
+
+# %% ../nbs/04_layers.ipynb #c22d4f45
+def xla_cpu_defaults(env=os.environ) -> str:
+    "Add the CPU flags this package is measured with to `env['XLA_FLAGS']` (see above); returns the flags."
+    flags = env.get("XLA_FLAGS", "")
+    if "ynn_fusion_type" in flags or env.get("DALLE_NB_XLA_DEFAULTS", "1") == "0": return flags
+    try: from jaxlib import version
+    except ImportError: return flags
+    if version.__version__ == "0.10.2": env["XLA_FLAGS"] = flags = (flags + " --xla_cpu_experimental_ynn_fusion_type=").strip()
+    return flags
+
+xla_cpu_defaults()
+
 
 # %% ../nbs/04_layers.ipynb #e92a50be
 LOGICAL_AXES = ("batch", "length", "embed", "heads", "kv", "mlp", "vocab", "norm", "layers", "conv_in", "conv_out", "precond")

@@ -7,7 +7,7 @@ Docs: https://dalle-nb.github.io/dalle_nb/modeldir.html.md"""
 # %% ../nbs/10a_modeldir.ipynb #0e18465a
 from __future__ import annotations
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 import jax, jax.numpy as jnp
 from flax import nnx
@@ -75,13 +75,16 @@ def save_models(path, models: Models, card: str = "", dtype: str | None = "float
     if card: (path / "MODEL_CARD.md").write_text(card)
     return path
 
-def load_models(path=None) -> Models:
-    "Load a model directory (default: the shipped shapes model); one clear `ModelDirError` for anything wrong."
+def load_models(path=None, unrolled: bool = False) -> Models:
+    "Load a model directory (default: the shipped shapes model); one clear `ModelDirError` for anything wrong.\n\n"
+    "`unrolled`: the BART's layers as a list, whatever the directory stores (faster token steps: what `Pipeline` loads)."
     path = Path(path) if path is not None else default_model_dir()
     if not path.is_dir(): raise ModelDirError(f"model directory {path} does not exist")
     missing = [f for f in MODEL_FILES[:2] if not (path / f).exists()]
     if missing: raise ModelDirError(f"model directory {path} is missing {', '.join(missing)}")
-    try: cfg = load_config(path / "config.json")
+    try:
+        cfg = load_config(path / "config.json")
+        if unrolled: cfg = replace(cfg, bart=replace(cfg.bart, scan_layers=False))
     except (ValueError, FileNotFoundError, OSError) as e: raise ModelDirError(f"model directory {path}: {e}") from None
     missing = [f for f in required_files(cfg) if not (path / f).exists()]
     if missing: raise ModelDirError(f"model directory {path} is missing {', '.join(missing)}")
@@ -93,7 +96,7 @@ def load_models(path=None) -> Models:
             raise ModelDirError(f"{path / 'tokenizer.json'}: {text.vocab_size} tokens but the {'BART' if cfg.arch == 'bart' else 'DALL·E transformer'} reads only {cfg.text_vocab}")
         build = lambda cls, c: nnx.eval_shape(lambda: cls(c, rngs=nnx.Rngs(0)))
         # the models the config names are required (checked above); the others are loaded when present
-        loaded = {n: load_params(_materialise(build(cls, getattr(cfg, n))), path / f"{n}.msgpack") if (path / f"{n}.msgpack").exists() else None
+        loaded = {n: load_params(build(cls, getattr(cfg, n)), path / f"{n}.msgpack") if (path / f"{n}.msgpack").exists() else None
                   for n, cls in _CLASSES.items()}
     except (ValueError, FileNotFoundError, OSError) as e:
         if isinstance(e, ModelDirError): raise

@@ -57,11 +57,12 @@ class PromptError(ValueError):
 class Pipeline:
     "Text → ranked images with a loaded model directory."
     def __init__(self, models: Models | str | Path | None = None, batch_size: int = 16):
-        self.models = models if isinstance(models, Models) else load_models(models)
+        self.models = models if isinstance(models, Models) else load_models(models, unrolled=True)
         self.cfg, self.batch_size = self.models.cfg, check_setting("batch_size", batch_size)
-        self._decode = nnx.jit(lambda m, ids: m.decode(ids))
-        self._encode = nnx.jit(lambda m, x: m.encode(x))
-        self._score = nnx.jit(clip_scores) if self.models.clip is not None else None
+        jit = lambda f: nnx.jit(f, graph_updates=False)       # the models are read only: no copy of them out of each call
+        self._decode = jit(lambda m, ids: m.decode(ids))
+        self._encode = jit(lambda m, x: m.encode(x))
+        self._score = jit(clip_scores) if self.models.clip is not None else None
         path = self.models.path
         self.name = "shipped" if path is not None and Path(path).resolve() == default_model_dir().resolve() else str(path)
 

@@ -14,15 +14,29 @@ from .bart import DalleBart, text_mask
 from .dalle import DalleTransformer
 
 # %% auto #0
-__all__ = ['filter_logits', 'supercondition', 'keep_plausible', 'generate', 'row_keys', 'generate_steps', 'state_bytes']
+__all__ = ['kth_largest', 'filter_logits', 'supercondition', 'keep_plausible', 'generate', 'row_keys', 'generate_steps',
+           'state_bytes']
 
 # %% ../nbs/12_sample.ipynb #11030af5
+def kth_largest(x, k: int):
+    "The `k`-th largest value of each row of float32 `x` `[B, V]` `[B, 1]`, exactly as `lax.top_k(x, k)[0][:, -1:]`.\n\n"
+    "Built bit by bit on the values' order-preserving uint32 keys: 32 compare-and-count passes, where XLA's TopK on a CPU\n\n"
+    "sorts (35 ms of a 240 ms DALL·E Mini token step for k = 256 of 16384)."
+    bits = jax.lax.bitcast_convert_type(x.astype(jnp.float32), jnp.uint32)
+    key = jnp.where(bits >> 31 == 1, ~bits, bits | jnp.uint32(1 << 31))           # larger float ⇔ larger key
+    t = jnp.zeros(x.shape[:-1] + (1,), jnp.uint32)
+    for b in range(31, -1, -1):                                                   # the largest t with ≥ k keys ≥ t
+        cand = t | jnp.uint32(1 << b)
+        t = jnp.where((key >= cand).sum(-1, keepdims=True) >= k, cand, t)
+    back = jnp.where(t >> 31 == 1, t & jnp.uint32(0x7FFFFFFF), ~t)
+    return jax.lax.bitcast_convert_type(back, jnp.float32)
+
 def filter_logits(logits, *, temperature=1.0, top_k: int = 0, top_p=None):
     "Apply temperature, then top-k (static; 0 = off) and top-p (`None` = off) to `[B, V]` logits; removed ids get -inf."
     logits = logits.astype(jnp.float32) / jnp.maximum(temperature, 1e-6)
     neg = jnp.finfo(jnp.float32).min
     if top_k and top_k < logits.shape[-1]:
-        kth = jax.lax.top_k(logits, top_k)[0][:, -1:]
+        kth = kth_largest(logits, top_k)
         logits = jnp.where(logits < kth, neg, logits)
     if top_p is None: return logits
     sorted_logits = jnp.sort(logits, axis=-1)[:, ::-1]
@@ -96,9 +110,11 @@ def _generate(model, text_ids, blank_ids, keys, prefix, *traced, **static):
     return _steps(model, state, jnp.arange(model.cfg.image_len, dtype=jnp.int32), keys, prefix, *traced, **static)[1]
 
 _STATIC = ("top_k", "guided", "nucleus", "guard", "prefixed")
-_generate_jit = nnx.jit(_generate, static_argnames=_STATIC)
-_start_jit = nnx.jit(_start, static_argnames=("guided",))
-_steps_jit = nnx.jit(_steps, static_argnames=_STATIC, donate_argnames=("state",))
+# graph_updates=False: sampling changes no model state, and by default nnx.jit returns the model's state as outputs,
+# which makes XLA copy every weight on every call (1.7 GB per call at DALL·E Mini's size)
+_generate_jit = nnx.jit(_generate, static_argnames=_STATIC, graph_updates=False)
+_start_jit = nnx.jit(_start, static_argnames=("guided",), graph_updates=False)
+_steps_jit = nnx.jit(_steps, static_argnames=_STATIC, donate_argnames=("state",), graph_updates=False)
 
 # %% ../nbs/12_sample.ipynb #7ad79aea
 def _checked(model, text_ids, keys, blank_ids, cond_scale, temperature, top_k, top_p, plausibility, prefix, keep):

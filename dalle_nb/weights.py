@@ -6,13 +6,14 @@ Docs: https://dalle-nb.github.io/dalle_nb/weights.html.md"""
 
 # %% ../nbs/04a_weights.ipynb #fc67c4ab
 from __future__ import annotations
+import re
 from pathlib import Path
 import numpy as np
 import jax, jax.numpy as jnp
 from flax import nnx, serialization, traverse_util
 
 # %% auto #0
-__all__ = ['WeightsError', 'save_params', 'read_params', 'check_params', 'load_params']
+__all__ = ['WeightsError', 'save_params', 'unstack_layers', 'stack_layers', 'read_params', 'check_params', 'load_params']
 
 # %% ../nbs/04a_weights.ipynb #ab047072
 class WeightsError(ValueError):
@@ -28,11 +29,41 @@ def save_params(module, path, dtype=None) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     flat = {k: np.asarray(jax.device_get(v)) for k, v in _flat_params(module).items()}
-    if dtype is not None: flat = {k: v.astype(dtype) if np.issubdtype(v.dtype, np.floating) else v for k, v in flat.items()}
+    if dtype is not None: flat = {k: v.astype(dtype) if jnp.issubdtype(v.dtype, jnp.floating) else v for k, v in flat.items()}
     tmp = path.with_suffix(path.suffix + ".tmp")
     tmp.write_bytes(serialization.msgpack_serialize(traverse_util.unflatten_dict({tuple(k.split("/")): v for k, v in flat.items()})))
     tmp.replace(path)   # never leave a half-written file under the real name
     return path
+
+# %% ../nbs/04a_weights.ipynb #970e2a4f
+_LAYER = re.compile(r"^(encoder|decoder)/layers/layers/(\d+)/(.+)$")
+_STACKED = re.compile(r"^(encoder|decoder)/layers/layers/(?!\d+/)(.+)$")
+
+def unstack_layers(flat: dict) -> dict:
+    "Scanned BART parameters (`…/layers/layers/x` `[L, …]`) → one entry per layer (`…/layers/layers/i/x`)."
+    out = {}
+    for k, v in flat.items():
+        m = _STACKED.match(k)
+        if m: out.update({f"{m[1]}/layers/layers/{i}/{m[2]}": v[i] for i in range(v.shape[0])})
+        else: out[k] = v
+    return out
+
+def stack_layers(flat: dict) -> dict:
+    "The inverse of `unstack_layers`."
+    out, groups = {}, {}
+    for k, v in flat.items():
+        m = _LAYER.match(k)
+        if m: groups.setdefault(f"{m[1]}/layers/layers/{m[3]}", {})[int(m[2])] = v
+        else: out[k] = v
+    out.update({k: np.stack([g[i] for i in range(len(g))]) for k, g in groups.items()})
+    return out
+
+def _layers_like(flat: dict, want: dict) -> dict:
+    "`flat` with its BART layers stacked or per layer, as `want` (a module's parameters) has them."
+    if any(_LAYER.match(k) for k in want) and any(_STACKED.match(k) for k in flat): return unstack_layers(flat)
+    if any(_STACKED.match(k) for k in want) and any(_LAYER.match(k) for k in flat): return stack_layers(flat)
+    return flat
+
 
 # %% ../nbs/04a_weights.ipynb #fe3ef6bc
 def read_params(path) -> dict:
@@ -52,21 +83,26 @@ def check_params(module, flat: dict) -> list[str]:
     problems += [f"tensor {k}: file has shape {tuple(flat[k].shape)}, model expects {tuple(want[k].shape)}"
                  for k in sorted(set(want) & set(flat)) if tuple(flat[k].shape) != tuple(want[k].shape)]
     problems += [f"tensor {k}: file has non-numeric dtype {flat[k].dtype}" for k in sorted(set(want) & set(flat))
-                 if not np.issubdtype(flat[k].dtype, np.number)]
+                 if not jnp.issubdtype(flat[k].dtype, jnp.number)]      # jnp's: bfloat16 is a number
     return problems
 
 def load_params(module, path):
-    "Load `path` into `module`'s parameters (cast to their dtypes) after checking every tensor; returns `module`."
-    flat = read_params(path)
+    "Load `path` into `module`'s parameters (cast to their dtypes) after checking every tensor; returns `module`.\n\n"
+    "`module` may be abstract (`nnx.eval_shape`): its parameters then come straight from the file, its other state is zeros."
+    flat = _layers_like(read_params(path), _flat_params(module))
     problems = check_params(module, flat)
     if problems:
         shown = "\n  ".join(problems[:12]) + (f"\n  … and {len(problems) - 12} more" if len(problems) > 12 else "")
         raise WeightsError(f"{path}: does not fit {type(module).__name__}:\n  {shown}")
     want = _flat_params(module)
-    tree = traverse_util.unflatten_dict({tuple(k.split("/")): jnp.asarray(v, dtype=want[k].dtype) for k, v in flat.items()})
+    # tensor by tensor, the file's copy dropped once the model's exists: loading holds the weights about once, not twice
+    tree = traverse_util.unflatten_dict({tuple(k.split("/")): jnp.asarray(flat.pop(k), dtype=want[k].dtype) for k in list(flat)})
     state = nnx.state(module, nnx.Param)
     nnx.replace_by_pure_dict(state, _restore_int_keys(tree, nnx.to_pure_dict(state)))
     nnx.update(module, state)
+    abstract = lambda x: isinstance(x, jax.ShapeDtypeStruct)
+    rest = nnx.state(module, nnx.Not(nnx.Param))
+    nnx.update(module, jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype) if abstract(x) else x, rest, is_leaf=abstract))
     return module
 
 def _restore_int_keys(tree, like):

@@ -262,3 +262,20 @@ def test_clip_config_matches_transformers_defaults():
     from dalle_nb.config import CLIP_VIT_B32
     d = HFCLIPConfig(projection_dim=512).to_dict()
     assert clip_config_from_transformers(d) == replace(CLIP_VIT_B32, pad_id=clip_config_from_transformers(d).pad_id)
+
+
+def test_generate_bench_runs(tmp_path):
+    "bench/generate.py at its smallest: both sides generate one image, and min-dalle's loop draws our greedy tokens."
+    import subprocess, sys
+    _torch()
+    root = Path(__file__).resolve().parents[1]
+    r = subprocess.run([sys.executable, str(root / "bench" / "generate.py"), "--smoke", "--cache", str(tmp_path / "cache"),
+                        "--out", str(tmp_path / "out")], capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stderr[-3000:]
+    res = json.loads((tmp_path / "out" / "generate.json").read_text())
+    sides = res["widths"]["small"]
+    assert set(sides) == {"ours", "min-dalle"} and all("error" not in s for s in sides.values()), sides
+    assert all(s["rows"][0]["images"] == 1 and s["rows"][0]["warm_s"] > s["rows"][0]["decode_s"] > 0 and s["peak_rss_gb"] > 0
+               for s in sides.values())
+    assert res["agreement"]["agree"] == res["agreement"]["agree_unrolled"] == 256, res["agreement"]
+    assert "| small | 1 | ours |" in (tmp_path / "out" / "generate.md").read_text()

@@ -1,0 +1,275 @@
+"""Our generation against min-dalle's, side by side: images/s, ms per token step, first image, peak memory (issue 22).
+
+Each side runs in a fresh process per width, as a user's would, with random weights (nothing is downloaded):
+- **ours**: a model directory with random weights at the width (made once, kept under `--cache`), loaded by `Pipeline`
+  and sampled as `dalle-nb generate` does (`n` images, no reranking, super conditioning);
+- **min-dalle**: its own folder layout with random weights at the same widths (made once), loaded by its own
+  `init_encoder/decoder/detokenizer` and sampled by its own `generate_raw_image_stream` loop, float32 (its fastest
+  working dtype on this CPU: its bfloat16 mode fails here).
+Both draw 256 tokens per image with condition scale 10, top-k 256, temperature 1, then decode with the f16 VQGAN.
+The first call of each image count pays compilation (ours) or allocation (theirs); the table's speed is the median of
+`--repeats` warm calls. "first image" is the wall time of a new process from start to its first images (imports,
+model load, compile, generate). Peak memory is the process's peak RSS. ms/token step is (warm call − VQGAN decode)/256.
+
+The same run proves the work is equal: at a small width, min-dalle's modules loaded with our BART's weights
+(`min_dalle_state`) draw the same 256 greedy tokens (top-k 1, scale 10, from dalle-mini's BOS) as `generate`.
+
+    python bench/generate.py --widths mini --images 1,4 --out bench/results/generate          # ~20 min here
+    python bench/generate.py --widths mega --images 1 --repeats 1 --out bench/results/generate_mega
+    python bench/generate.py --smoke --out /tmp/g                                              # the smoke test's run
+"""
+import argparse, json, os, platform, resource, statistics, subprocess, sys, time
+from datetime import date
+from pathlib import Path
+
+WIDTHS = {  # d_model, layers (each side), heads, GLU width, text vocab, image vocab (DALL·E Mini's and Mega's published sizes)
+    "small": dict(d_model=64, layers=2, heads=4, glu_dim=96, text_vocab=50264, image_vocab=16384),
+    "mini": dict(d_model=1024, layers=12, heads=16, glu_dim=2730, text_vocab=50264, image_vocab=16384),
+    "mega": dict(d_model=2048, layers=24, heads=32, glu_dim=4096, text_vocab=50272, image_vocab=16415),
+}
+SETTINGS = dict(cond_scale=10.0, top_k=256, temperature=1.0)
+PROMPT = "a red circle above a blue square"
+TOKENS = 256
+
+
+def peak_rss_gb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2 ** 20
+
+
+def timed(fn, repeats: int):
+    "`(first call's seconds, median of `repeats` further calls, the clock when the first call ended)`."
+    t0 = time.perf_counter(); fn(); first_end = time.perf_counter()
+    times = []
+    for _ in range(repeats):
+        t0b = time.perf_counter(); fn(); times.append(time.perf_counter() - t0b)
+    return first_end - t0, statistics.median(times) if times else first_end - t0, first_end
+
+
+def bart_config(width: str, init_std: float = 0.01):
+    from dalle_nb.config import BartConfig
+    w = WIDTHS[width]
+    return BartConfig(text_vocab=w["text_vocab"], image_codes=16384, image_vocab=w["image_vocab"], max_text_len=64, image_len=TOKENS,
+                      d_model=w["d_model"], encoder_layers=w["layers"], decoder_layers=w["layers"], heads=w["heads"],
+                      glu_dim=w["glu_dim"], text_normalizer="dalle_mini", init_std=init_std)
+
+
+def make_model_dir(width: str, path: Path) -> Path:
+    "A model directory with random weights at `width`: f16 VQGAN decoder, BART, the shipped tokenizer; stored as float16."
+    from dataclasses import replace
+    from flax import nnx
+    from dalle_nb.bart import DalleBart
+    from dalle_nb.config import F16_VQGAN, RunConfig, SampleConfig, CLIP_VIT_B32
+    from dalle_nb.modeldir import Models, save_models, default_model_dir
+    from dalle_nb.text import TextEncoder
+    from dalle_nb.vqgan import VQGAN
+    cfg = RunConfig(name=f"random-{width}", vqgan=replace(F16_VQGAN, decoder_only=True), bart=bart_config(width), clip=CLIP_VIT_B32,
+                    sample=SampleConfig(n_candidates=4, rerank=0, cond_scale=SETTINGS["cond_scale"]))
+    text = TextEncoder.load(default_model_dir() / "tokenizer.json", max_len=64, normalizer="dalle_mini")
+    # parameters made in bfloat16 (half the memory while writing); the directory's config keeps float32 for loading
+    bart = DalleBart(replace(cfg.bart, param_dtype="bfloat16"), rngs=nnx.Rngs(0))
+    vqgan = VQGAN(cfg.vqgan, rngs=nnx.Rngs(1))
+    save_models(path, Models(cfg, text, vqgan, bart, None), card=f"# random-{width}\n\nRandom weights for bench/generate.py.\n")
+    return path
+
+
+def run_ours(model_dir: str, images: list[int], repeats: int) -> dict:
+    t_start = time.perf_counter()
+    import jax
+    from dalle_nb.pipeline import Pipeline
+    t0 = time.perf_counter(); pipe = Pipeline(model_dir, batch_size=max(images)); load_s = time.perf_counter() - t0
+    rows = []
+    for k in images:
+        res = {}
+        call = lambda: res.update(r=pipe(PROMPT, n=k, rerank=0, seed=0, **SETTINGS))
+        first, warm, first_end = timed(call, repeats)
+        tokens = res["r"].tokens
+        decode = timed(lambda: pipe.decode(tokens), repeats)[1]
+        rows.append(dict(images=k, first_s=first, warm_s=warm, decode_s=decode, **({} if rows else {"first_image_s": first_end - t_start})))
+    return dict(side="ours", load_s=load_s, rows=rows, peak_rss_gb=peak_rss_gb(),
+                runtime=f"jax {jax.__version__} {jax.devices()[0].platform}, {os.cpu_count()} threads")
+
+
+def min_dalle_modules(width: str):
+    "min-dalle's encoder, decoder and VQGAN detokenizer at `width` (torch's own random initialisation)."
+    from min_dalle.models import DalleBartEncoder, DalleBartDecoder, VQGanDetokenizer
+    w = WIDTHS[width]
+    enc = DalleBartEncoder(attention_head_count=w["heads"], embed_count=w["d_model"], glu_embed_count=w["glu_dim"], text_token_count=64,
+                           text_vocab_count=w["text_vocab"], layer_count=w["layers"], device="cpu").eval()
+    dec = DalleBartDecoder(image_vocab_count=w["image_vocab"], attention_head_count=w["heads"], embed_count=w["d_model"],
+                           glu_embed_count=w["glu_dim"], layer_count=w["layers"], device="cpu").eval()
+    return enc, dec, VQGanDetokenizer().eval()
+
+
+def make_min_dalle_dir(width: str, path: Path) -> Path:
+    "min-dalle's folder layout (`dalle_bart/encoder.pt`, `decoder.pt`, `vqgan/detoker.pt`) with random weights."
+    import torch
+    for i, (sub, name) in enumerate([("dalle_bart", "encoder.pt"), ("dalle_bart", "decoder.pt"), ("vqgan", "detoker.pt")]):
+        (path / sub).mkdir(parents=True, exist_ok=True)
+        module = min_dalle_modules(width)[i]                 # one at a time: a Mega-width side is 5 GB
+        torch.save(module.state_dict(), path / sub / name); del module
+    return path
+
+
+def min_dalle_model(width: str, path: Path):
+    "min-dalle's `MinDalle` at `width`, loaded from `path` by its own `init_encoder/decoder/detokenizer` (float32, CPU).\n\n"
+    "`__init__` is skipped because it asks the network for its tokenizer; the caption is 8 fixed BPE ids."
+    import torch
+    from min_dalle.min_dalle import MinDalle
+
+    class Tokenizer:
+        def tokenize(self, text, is_verbose=False): return [0] + [100 + i for i in range(8)] + [2]
+
+    w = WIDTHS[width]
+    m = MinDalle.__new__(MinDalle)
+    m.device, m.is_mega, m.is_reusable, m.dtype, m.is_verbose = "cpu", width == "mega", True, torch.float32, False
+    m.text_token_count, m.layer_count, m.attention_head_count = 64, w["layers"], w["heads"]
+    m.embed_count, m.glu_embed_count, m.text_vocab_count, m.image_vocab_count = w["d_model"], w["glu_dim"], w["text_vocab"], w["image_vocab"]
+    m.encoder_params_path, m.decoder_params_path = str(path / "dalle_bart" / "encoder.pt"), str(path / "dalle_bart" / "decoder.pt")
+    m.detoker_params_path, m.tokenizer = str(path / "vqgan" / "detoker.pt"), Tokenizer()
+    m.init_encoder(); m.init_decoder(); m.init_detokenizer()
+    return m
+
+
+def run_min_dalle(width: str, path: str, images: list[int], repeats: int) -> dict:
+    t_start = time.perf_counter()
+    import torch
+    t0 = time.perf_counter(); m = min_dalle_model(width, Path(path)); load_s = time.perf_counter() - t0
+    rows = []
+    for k in images:
+        g = round(k ** 0.5)
+        if g * g != k: raise SystemExit(f"min-dalle draws a square grid: --images must be squares (1, 4, 9, 16, 64), got {k}")
+        call = lambda: [None for _ in m.generate_raw_image_stream(text=PROMPT, seed=1, grid_size=g, **{
+            "top_k": SETTINGS["top_k"], "supercondition_factor": SETTINGS["cond_scale"], "temperature": SETTINGS["temperature"]})]
+        first, warm, first_end = timed(call, repeats)
+        tokens = torch.randint(0, 16384, (k, TOKENS))
+        decode = timed(lambda: m.detokenizer.forward(False, tokens), repeats)[1]
+        rows.append(dict(images=k, first_s=first, warm_s=warm, decode_s=decode, **({} if rows else {"first_image_s": first_end - t_start})))
+    return dict(side="min-dalle", load_s=load_s, rows=rows, peak_rss_gb=peak_rss_gb(),
+                runtime=f"torch {torch.__version__}, {torch.get_num_threads()} threads, float32")
+
+
+def greedy_agreement(seed: int = 0) -> dict:
+    "Our BART at the small width (weights std 0.1) and min-dalle's modules loaded with the same weights: 256 greedy tokens each."
+    import numpy as np, torch, jax.numpy as jnp
+    from flax import nnx
+    from dataclasses import replace
+    from dalle_nb.bart import DalleBart, unstack_params
+    from dalle_nb.convert import min_dalle_state
+    from dalle_nb.sample import generate, row_keys
+    cfg = bart_config("small", init_std=0.1)
+    ours = DalleBart(cfg, rngs=nnx.Rngs(seed))
+    enc_sd, dec_sd = min_dalle_state(ours)
+    enc, dec, _ = min_dalle_modules("small")
+    enc.load_state_dict({k: torch.tensor(v) for k, v in enc_sd.items()}); dec.load_state_dict({k: torch.tensor(v) for k, v in dec_sd.items()})
+    text = np.ones((2, 64), np.int64)                     # min-dalle's rows: the blank caption, then the caption
+    text[0, :2] = [0, 2]
+    text[1, :10] = [0, *range(100, 108), 2]
+    with torch.no_grad():
+        t_text = torch.tensor(text)
+        state_enc, mask = enc(t_text), t_text.ne(1)[:, None, None, :]
+        tokens = torch.full((1, TOKENS + 1), cfg.bos_id, dtype=torch.long)             # dalle-mini's BOS (min-dalle's loop uses 16383)
+        state = torch.zeros(cfg.decoder_layers, 4, TOKENS, cfg.d_model)
+        settings = torch.tensor([1.0, 1.0, SETTINGS["cond_scale"]])                      # temperature, top-k 1, scale
+        for i in range(TOKENS):
+            tokens[:, i + 1], state = dec.sample_tokens(settings=settings, attention_mask=mask, encoder_state=state_enc, attention_state=state,
+                                                        prev_tokens=tokens[:, [i]], token_index=torch.arange(TOKENS)[[i]])
+    theirs = tokens[0, 1:].numpy()
+    listed = unstack_params(ours, DalleBart(replace(cfg, scan_layers=False), rngs=nnx.Rngs(seed)))   # as `Pipeline` loads it
+    draw = lambda m: np.asarray(generate(m, text[1:], row_keys(0, 1), blank_ids=text[:1], cond_scale=SETTINGS["cond_scale"], top_k=1))[0]
+    mine, mine_listed = draw(ours), draw(listed)
+    return dict(width="small", tokens=TOKENS, agree=int((mine == theirs).sum()), agree_unrolled=int((mine_listed == theirs).sum()),
+                first_difference=int(np.argmax(mine != theirs)) if (mine != theirs).any() else None)
+
+
+def child(argv: list[str]) -> dict:
+    "Run one side (or the agreement check) in this process and return its report."
+    kind, rest = argv[0], argv[1:]
+    if kind == "make": return dict(path=str(make_model_dir(rest[0], Path(rest[1]))))
+    if kind == "make-min-dalle": return dict(path=str(make_min_dalle_dir(rest[0], Path(rest[1]))))
+    if kind == "agree": return greedy_agreement()
+    images, repeats = [int(x) for x in rest[-2].split(",")], int(rest[-1])
+    return run_ours(rest[0], images, repeats) if kind == "ours" else run_min_dalle(rest[0], rest[1], images, repeats)
+
+
+def in_process(*argv, timeout=7200) -> dict:
+    "A fresh Python process running `child(argv)`; its report (its last stdout line, JSON)."
+    env = {**os.environ}
+    env.pop("XLA_FLAGS", None)                       # one CPU device, as a user's shell has
+    r = subprocess.run([sys.executable, __file__, "--child", *argv], capture_output=True, text=True, timeout=timeout, env=env)
+    if r.returncode != 0:
+        return dict(error=f"exit {r.returncode}" + (" (killed: out of memory?)" if r.returncode < 0 else ""), stderr=r.stderr[-2000:])
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def table(widths: dict) -> str:
+    lines = ["| width | images | side | images/s | s/image | ms/token step | VQGAN decode (s) | first image (s) | peak RSS (GB) |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for width, sides in widths.items():
+        for side, rep in sides.items():
+            if "error" in rep:
+                lines.append(f"| {width} | | {side} | {rep['error']} | | | | | |"); continue
+            for row in rep["rows"]:
+                k = row["images"]
+                step_ms = 1000 * (row["warm_s"] - row["decode_s"]) / TOKENS
+                lines.append(f"| {width} | {k} | {side} | {k / row['warm_s']:.3f} | {row['warm_s'] / k:.2f} | {step_ms:.1f} | "
+                             f"{row['decode_s']:.2f} | {row.get('first_image_s', float('nan')):.1f} | {rep['peak_rss_gb']:.2f} |")
+    return "\n".join(lines)
+
+
+def ratios(widths: dict) -> list[dict]:
+    "Per width and image count: ours ÷ min-dalle in images/s (higher is better), in peak RSS and time to the first image (lower)."
+    out = []
+    for width, sides in widths.items():
+        a, b = sides.get("ours", {}), sides.get("min-dalle", {})
+        if "rows" not in a or "rows" not in b: continue
+        for ra, rb in zip(a["rows"], b["rows"]):
+            out.append(dict(width=width, images=ra["images"], speed=rb["warm_s"] / ra["warm_s"],
+                            first_image=ra["first_image_s"] / rb["first_image_s"] if "first_image_s" in ra and "first_image_s" in rb else None,
+                            memory=a["peak_rss_gb"] / b["peak_rss_gb"]))
+    return out
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--widths", default="mini", help="comma-separated: small, mini, mega")
+    p.add_argument("--images", default="1,4", help="comma-separated images per prompt (squares: min-dalle draws a grid)")
+    p.add_argument("--repeats", type=int, default=2, help="warm calls timed per image count (median)")
+    p.add_argument("--sides", default="ours,min-dalle")
+    p.add_argument("--cache", default=str(Path.home() / ".cache" / "dalle_nb" / "bench_generate"), help="where the random model directories are kept")
+    p.add_argument("--smoke", action="store_true", help="small width, 1 image, 1 repeat (the smoke test)")
+    p.add_argument("--out", default=None, help="write generate.json and generate.md here")
+    a = p.parse_args(argv)
+    if a.smoke: a.widths, a.images, a.repeats = "small", "1", 0
+    import dalle_nb
+    widths = {}
+    for width in a.widths.split(","):
+        if width not in WIDTHS: p.error(f"--widths: unknown width {width!r}; choose from {', '.join(WIDTHS)}")
+        sides = {}
+        for side in a.sides.split(","):
+            if side not in ("ours", "min-dalle"): p.error(f"--sides: unknown side {side!r}")
+            d = Path(a.cache) / f"{side}-{width}"          # random weights, made once in a process of their own
+            if not (d / ("bart.msgpack" if side == "ours" else "vqgan/detoker.pt")).exists():
+                made = in_process("make" if side == "ours" else "make-min-dalle", width, str(d))
+                if "error" in made: sides[side] = made; continue
+            sides[side] = (in_process("ours", str(d), a.images, str(a.repeats)) if side == "ours" else
+                           in_process("min-dalle", width, str(d), a.images, str(a.repeats)))
+            print(f"{width} {side}: {json.dumps(sides[side])[:400]}", flush=True)
+        widths[width] = sides
+    agree = in_process("agree")
+    res = dict(widths=widths, ratios=ratios(widths), agreement=agree, settings=SETTINGS, prompt=PROMPT, version=dalle_nb.__version__,
+               machine=f"{platform.machine()}, {os.cpu_count()} cores, {platform.python_version()}", date=str(date.today()))
+    md = table(widths) + "\n\n" + "\n".join(
+        f"- {r['width']}, {r['images']} image(s): ours {r['speed']:.2f}× min-dalle's images/s, "
+        f"{r['memory']:.2f}× its peak RSS" + (f", {r['first_image']:.2f}× its time to the first image" if r["first_image"] else "") for r in res["ratios"])
+    md += f"\n- greedy agreement at the small width: {agree.get('agree')}/{TOKENS} tokens (layers unrolled, as `Pipeline` loads them: {agree.get('agree_unrolled')}/{TOKENS})" + (f" ({agree['error']})" if "error" in agree else "")
+    print(md)
+    if a.out:
+        out = Path(a.out); out.mkdir(parents=True, exist_ok=True)
+        (out / "generate.json").write_text(json.dumps(res, indent=1))
+        (out / "generate.md").write_text(md + "\n")
+    return res
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["--child"]: print(json.dumps(child(sys.argv[2:])))
+    else: main()
