@@ -26,8 +26,6 @@ def xla_cpu_defaults(env=os.environ) -> str:
     if version.__version__ == "0.10.2": env["XLA_FLAGS"] = flags = (flags + " --xla_cpu_experimental_ynn_fusion_type=").strip()
     return flags
 
-xla_cpu_defaults()
-
 
 # %% ../nbs/04_layers.ipynb #e92a50be
 LOGICAL_AXES = ("batch", "length", "embed", "heads", "kv", "mlp", "vocab", "norm", "layers", "conv_in", "conv_out", "precond")

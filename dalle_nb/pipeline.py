@@ -19,6 +19,9 @@ from .images import image_grid, save_png, png_text, to_uint8, to_float, load_ima
 from .modeldir import Models, load_models, ModelDirError, default_model_dir
 from .clip import clip_scores
 from .sample import generate as sample_tokens, generate_steps, row_keys, state_bytes
+from .layers import xla_cpu_defaults
+
+xla_cpu_defaults()       # generation's XLA:CPU flags (04_layers), while no computation has run yet
 
 # %% auto #0
 __all__ = ['SettingError', 'check_setting', 'PromptError', 'Pipeline', 'Step', 'Result', 'Best', 'roundtrip_table', 'slug',
