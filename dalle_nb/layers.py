@@ -9,12 +9,14 @@ from __future__ import annotations
 import math, os
 import jax, jax.numpy as jnp
 from flax import nnx
+from fastcore.basics import patch_to
 from flax.core import spmd as flax_spmd
 from jax.sharding import PartitionSpec as P
 
 # %% auto #0
-__all__ = ['LOGICAL_AXES', 'ACTIVATIONS', 'xla_cpu_defaults', 'dtype_of', 'param', 'logical_to_spec', 'constrain', 'normal',
-           'Linear', 'Embed', 'Norm', 'Conv', 'gelu', 'quick_gelu', 'swish']
+__all__ = ['LOGICAL_AXES', 'QUANTIZE', 'ACTIVATIONS', 'xla_cpu_defaults', 'dtype_of', 'param', 'logical_to_spec', 'constrain',
+           'normal', 'Linear', 'quantize_rows', 'served_kernel', 'Embed', 'serve_all', 'Norm', 'Conv', 'gelu',
+           'quick_gelu', 'swish']
 
 # %% ../nbs/04_layers.ipynb #c22d4f45
 def xla_cpu_defaults(env=os.environ) -> str:
@@ -23,7 +25,7 @@ def xla_cpu_defaults(env=os.environ) -> str:
     if "ynn_fusion_type" in flags or env.get("DALLE_NB_XLA_DEFAULTS", "1") == "0": return flags
     try: from jaxlib import version
     except ImportError: return flags
-    if version.__version__ == "0.10.2": env["XLA_FLAGS"] = flags = (flags + " --xla_cpu_experimental_ynn_fusion_type=").strip()
+    if version.__version__ == "0.10.2": env["XLA_FLAGS"] = flags = (flags + " --xla_cpu_experimental_ynn_fusion_type=individual_dot").strip()
     return flags
 
 
@@ -72,11 +74,51 @@ class Linear(nnx.Module):
                  dtype="float32", param_dtype="float32", rngs: nnx.Rngs):
         self.kernel = param(rngs, normal(std), (din, dout), axes, param_dtype)
         self.bias = param(rngs, nnx.initializers.zeros, (dout,), axes[1:], param_dtype) if use_bias else None
-        self.dtype = dtype_of(dtype)
+        self.dtype, self.served, self.scale = dtype_of(dtype), False, None
 
     def __call__(self, x):
+        if self.served: return self._served(x)
         y = jnp.dot(x.astype(self.dtype), self.kernel[...].astype(self.dtype))
         return y + self.bias[...].astype(self.dtype) if self.bias is not None else y
+
+# %% ../nbs/04_layers.ipynb #b5951b43
+QUANTIZE = (None, "bfloat16", "int8")
+
+def quantize_rows(x, axis: int = -1):
+    "int8 values and float32 scales (largest magnitude / 127 along `axis`) with `q * scale ≈ x`."
+    scale = jnp.maximum(jnp.abs(x).max(axis, keepdims=True).astype(jnp.float32), 1e-30) / 127
+    return jnp.round(x / scale).astype(jnp.int8), scale
+
+def served_kernel(w, quantize: str | None = None) -> tuple:
+    "`(kernel [..., out, in], scale [..., out] or None)` of an `(in, out)` kernel `w` in the serving form `quantize`."
+    if quantize not in QUANTIZE: raise ValueError(f"quantize must be one of {QUANTIZE}, got {quantize!r}")
+    w = jnp.swapaxes(jnp.asarray(w, jnp.float32), -1, -2)                     # stacked layers keep their leading axis
+    if quantize != "int8": return w.astype(dtype_of(quantize or "float32")), None
+    q, scale = quantize_rows(w)
+    return q, scale[..., 0]
+
+@patch_to(Linear)
+def serve(self: Linear, quantize: str | None = None, kernel=None) -> Linear:
+    "Store the kernel `[out, in]` for generating: float32 (`None`), `'bfloat16'`, or `'int8'` with a scale per output channel.\n\n"
+    "`kernel`: the `(in, out)` values to serve (a loader's, for an abstract layer); default the layer's own."
+    if self.served: raise ValueError("this Linear is already in its serving form")
+    w, scale = served_kernel(self.kernel[...] if kernel is None else kernel, quantize)
+    if scale is not None: self.scale = nnx.data(nnx.Param(scale))              # was a static None
+    self.kernel, self.served = nnx.Param(w), True
+    return self
+
+@patch_to(Linear)
+def _served(self: Linear, x):
+    "The serving form's matmul, accumulated in float32 (int32 for int8 rows × int8 kernel)."
+    w = self.kernel[...]
+    dn = (((x.ndim - 1,), (w.ndim - 1,)), ((), ()))
+    if self.scale is None:
+        y = jax.lax.dot_general(x.astype(w.dtype), w, dn, preferred_element_type=jnp.float32)
+    else:
+        xq, sx = quantize_rows(x)
+        y = jax.lax.dot_general(xq, w, dn, preferred_element_type=jnp.int32).astype(jnp.float32) * sx * self.scale[...]
+    y = y.astype(self.dtype)
+    return y + self.bias[...].astype(self.dtype) if self.bias is not None else y
 
 # %% ../nbs/04_layers.ipynb #fd8a6dc9
 class Embed(nnx.Module):
@@ -88,6 +130,14 @@ class Embed(nnx.Module):
 
     def __call__(self, ids): return jnp.take(self.embedding[...], ids, axis=0).astype(self.dtype)
     def attend(self, x): return jnp.dot(x.astype(self.dtype), self.embedding[...].T.astype(self.dtype))
+
+# %% ../nbs/04_layers.ipynb #4d1dd09b
+def serve_all(module: nnx.Module, quantize: str | None = None) -> nnx.Module:
+    "Every `Linear` of `module` in its serving form (`Linear.serve`), embedding tables bfloat16 when quantizing; in place."
+    for m in [m for _, m in nnx.iter_graph(module) if isinstance(m, (Linear, Embed))]:
+        if isinstance(m, Linear) and not m.served: m.serve(quantize)
+        elif isinstance(m, Embed) and quantize: m.embedding = nnx.Param(m.embedding[...].astype(jnp.bfloat16))
+    return module
 
 # %% ../nbs/04_layers.ipynb #0bc15bcd
 class Norm(nnx.Module):

@@ -75,9 +75,10 @@ def save_models(path, models: Models, card: str = "", dtype: str | None = "float
     if card: (path / "MODEL_CARD.md").write_text(card)
     return path
 
-def load_models(path=None, unrolled: bool = False) -> Models:
+def load_models(path=None, unrolled: bool = False, serve: bool = False, quantize: str | None = None) -> Models:
     "Load a model directory (default: the shipped shapes model); one clear `ModelDirError` for anything wrong.\n\n"
-    "`unrolled`: the BART's layers as a list, whatever the directory stores (faster token steps: what `Pipeline` loads)."
+    "`unrolled`: the BART's layers as a list, whatever the directory stores (faster token steps: what `Pipeline` loads).\n\n"
+    "`serve`: the transformer's `Linear` layers read straight into their serving form, weights as `quantize` says (`Linear.serve`)."
     path = Path(path) if path is not None else default_model_dir()
     if not path.is_dir(): raise ModelDirError(f"model directory {path} does not exist")
     missing = [f for f in MODEL_FILES[:2] if not (path / f).exists()]
@@ -96,7 +97,8 @@ def load_models(path=None, unrolled: bool = False) -> Models:
             raise ModelDirError(f"{path / 'tokenizer.json'}: {text.vocab_size} tokens but the {'BART' if cfg.arch == 'bart' else 'DALL·E transformer'} reads only {cfg.text_vocab}")
         build = lambda cls, c: nnx.eval_shape(lambda: cls(c, rngs=nnx.Rngs(0)))
         # the models the config names are required (checked above); the others are loaded when present
-        loaded = {n: load_params(build(cls, getattr(cfg, n)), path / f"{n}.msgpack") if (path / f"{n}.msgpack").exists() else None
+        how = lambda n: dict(serve=serve, quantize=quantize) if n in ("bart", "dalle") else {}
+        loaded = {n: load_params(build(cls, getattr(cfg, n)), path / f"{n}.msgpack", **how(n)) if (path / f"{n}.msgpack").exists() else None
                   for n, cls in _CLASSES.items()}
     except (ValueError, FileNotFoundError, OSError) as e:
         if isinstance(e, ModelDirError): raise

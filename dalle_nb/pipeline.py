@@ -19,13 +19,14 @@ from .images import image_grid, save_png, png_text, to_uint8, to_float, load_ima
 from .modeldir import Models, load_models, ModelDirError, default_model_dir
 from .clip import clip_scores
 from .sample import generate as sample_tokens, generate_steps, row_keys, state_bytes
-from .layers import xla_cpu_defaults
+from .layers import xla_cpu_defaults, serve_all, QUANTIZE
 
 xla_cpu_defaults()       # generation's XLA:CPU flags (04_layers), while no computation has run yet
 
 # %% auto #0
-__all__ = ['SettingError', 'check_setting', 'PromptError', 'Pipeline', 'Step', 'Result', 'Best', 'roundtrip_table', 'slug',
-           'image_name', 'read_record', 'ImageFolder', 'show_completions', 'generate', 'widget']
+__all__ = ['SettingError', 'check_setting', 'serving_models', 'PromptError', 'Pipeline', 'Step', 'Result', 'Best',
+           'roundtrip_table', 'slug', 'image_name', 'read_record', 'ImageFolder', 'available_memory',
+           'show_completions', 'generate', 'widget']
 
 # %% ../nbs/13_pipeline.ipynb #30b1a4dd
 class SettingError(ValueError):
@@ -38,7 +39,7 @@ _RANGES = {  # setting: (whole number?, lowest, highest (None: no limit), lowest
     "n": (True, 1, None, False), "rerank": (True, 0, None, False), "seed": (True, 0, 2**32 - 1, False),
     "cond_scale": (False, 0, None, False), "temperature": (False, 0, None, True), "top_k": (True, 0, None, False),
     "top_p": (False, 0, 1, True), "plausibility": (False, 0, 1, False), "keep_rows": (True, 0, None, False),
-    "every": (True, 1, None, False), "batch_size": (True, 1, None, False)}
+    "every": (True, 1, None, False), "batch_size": (True, 1, None, False), "max_memory": (False, 0, None, True)}
 
 def check_setting(name: str, value, high=None):
     "`value` of setting `name` as an int or a finite float inside its range (`high` overrides the top), else `SettingError`."
@@ -53,14 +54,25 @@ def check_setting(name: str, value, high=None):
         raise SettingError(name, f"must be {span}, got {value}")
     return int(value) if whole else float(value)
 
+# %% ../nbs/13_pipeline.ipynb #d0b588de
+def serving_models(models: Models | str | Path | None, quantize: str | None = None) -> Models:
+    "`models` (or a directory, loaded with its layers unrolled) with the transformer in its serving form; given `Models` are not changed."
+    if not isinstance(models, Models): models = load_models(models, unrolled=True, serve=True, quantize=quantize)   # no float32 copy first
+    elif any(getattr(m, "served", False) for _, m in nnx.iter_graph(models.transformer)): return models
+    else: models = replace(models, **{"dalle" if models.cfg.arch == "dalle" else "bart": nnx.clone(models.transformer)})
+    serve_all(models.transformer, quantize)
+    return models
+
 # %% ../nbs/13_pipeline.ipynb #bbaba0d8
 class PromptError(ValueError):
     "A prompt that cannot be generated from (empty after normalisation)."
 
 class Pipeline:
     "Text → ranked images with a loaded model directory."
-    def __init__(self, models: Models | str | Path | None = None, batch_size: int = 16):
-        self.models = models if isinstance(models, Models) else load_models(models, unrolled=True)
+    def __init__(self, models: Models | str | Path | None = None, batch_size: int = 16, quantize: str | None = None):
+        "`quantize`: the text→image transformer's weights as float32 (`None`), `'bfloat16'` or `'int8'` (`Linear.serve`)."
+        if quantize not in QUANTIZE: raise SettingError("quantize", f"must be one of {', '.join(map(str, QUANTIZE))}; got {quantize!r}")
+        self.models, self.quantize = serving_models(models, quantize), quantize
         self.cfg, self.batch_size = self.models.cfg, check_setting("batch_size", batch_size)
         jit = lambda f: nnx.jit(f, graph_updates=False)       # the models are read only: no copy of them out of each call
         self._decode = jit(lambda m, ids: m.decode(ids))
@@ -269,6 +281,7 @@ def many(self: Pipeline, prompts, callback=None, **kw) -> list[Result]:
     t0, prompts = time.perf_counter(), [prompts] if isinstance(prompts, str) else list(prompts)
     sampling = {k: kw[k] for k in ("n", "rerank", "cond_scale", "seed", "temperature", "top_k", "top_p", "plausibility") if k in kw}
     st = self.settings(**sampling)
+    if self.quantize: st["quantize"] = self.quantize                                # in every record: `--from` draws with it
     st["batch"] = kw.get("pad_to") or min(self.batch_size, st["n"] * len(prompts) if kw.get("indices") is None else len(kw["indices"]) * len(prompts))
     if kw.get("image_prompt") is not None:
         st.update(keep_rows=check_setting("keep_rows", self.grid // 2 if kw.get("keep_rows") is None else kw["keep_rows"], high=self.grid),
@@ -368,14 +381,40 @@ def regenerate(self: Pipeline, record: dict) -> tuple[Result, bool]:
     return r, [int(t) for t in r.tokens[0]] == list(record.get("tokens", []))
 
 @patch
-def memory_estimate(self: Pipeline, n: int, rerank: int, prompts: int = 1) -> dict:
+def memory_estimate(self: Pipeline, n: int, rerank: int, prompts: int = 1, batch: int | None = None) -> dict:
     "Rough bytes generation needs: the weights, one batch's decode state and decoded images (×8 for the decoder's features), the candidates kept."
     m = self.models
     weights = sum(x.nbytes for mod in (m.transformer, m.image_tokenizer, m.clip) if mod is not None for x in jax.tree.leaves(nnx.state(mod)))
-    bs, res = min(self.batch_size, n * prompts), self.cfg.tokenizer_cfg.resolution
+    bs, res = batch or min(self.batch_size, n * prompts), self.cfg.tokenizer_cfg.resolution
     batch = 2 * state_bytes(m.transformer, bs) + 8 * bs * res * res * 3 * 4 * 8
     kept = prompts * (rerank or n) * (res * res * 3 + 4 * self.image_len)
     return dict(weights=weights, batch=batch, kept=kept, total=weights + batch + kept)
+
+# %% ../nbs/13_pipeline.ipynb #1e8ef060
+def available_memory() -> int | None:
+    "Bytes still free: the first device's unused memory on an accelerator, else the host's `MemAvailable` (None if unknown)."
+    d = jax.devices()[0]
+    stats = d.memory_stats() if d.platform != "cpu" else None
+    if stats and "bytes_limit" in stats: return int(stats["bytes_limit"] - stats.get("bytes_in_use", 0))
+    try: return int(re.search(r"MemAvailable:\s+(\d+) kB", Path("/proc/meminfo").read_text())[1]) * 1024
+    except (OSError, TypeError): return None
+
+@patch
+def batch_for(self: Pipeline, n: int, rerank: int, prompts: int = 1, limit: float | None = None) -> int:
+    "The largest batch (`batch_size`, halved) whose estimate fits `limit` bytes (default: free memory beside the loaded weights)."
+    free = limit is None
+    limit = available_memory() if free else check_setting("max_memory", limit)
+    bs = min(self.batch_size, n * prompts)
+    if limit is None: return bs
+    while True:
+        est = self.memory_estimate(n, rerank, prompts, batch=bs)
+        need = est["total"] - est["weights"] if free else est["total"]
+        if need <= limit: return bs
+        if bs == 1 and free: raise SettingError("n", f"is too large for the free memory: even one image at a time, {n * prompts} "
+                                                f"image(s) need about {need / 2**20:,.0f} MiB besides the weights and {limit / 2**20:,.0f} MiB are free")
+        if bs == 1: raise SettingError("max_memory", f"is not enough: one image at a time needs about {need / 2**20:,.0f} MiB, "
+                                       f"and {limit / 2**20:,.0f} MiB are allowed")
+        bs = max(1, bs // 2)
 
 # %% ../nbs/13_pipeline.ipynb #fc4239cf
 def show_completions(pipe: Pipeline, image, completions: dict, keep_rows: int, title: str = ""):

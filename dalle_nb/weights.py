@@ -9,8 +9,9 @@ from __future__ import annotations
 import re
 from pathlib import Path
 import numpy as np
-import jax, jax.numpy as jnp
+import jax, jax.numpy as jnp, msgpack
 from flax import nnx, serialization, traverse_util
+from .layers import Linear
 
 # %% auto #0
 __all__ = ['WeightsError', 'save_params', 'unstack_layers', 'stack_layers', 'read_params', 'check_params', 'load_params']
@@ -27,8 +28,13 @@ def _flat_params(module) -> dict:
 def save_params(module, path, dtype=None) -> Path:
     "Write `module`'s parameters to `path` as msgpack, optionally cast to `dtype` (e.g. 'float16')."
     path = Path(path)
+    served = {"/".join(map(str, p)) + "/kernel": m for p, m in nnx.iter_graph(module) if isinstance(m, Linear) and m.served}
+    if any(m.scale is not None or m.kernel.dtype != jnp.float32 for m in served.values()):
+        raise WeightsError(f"{path}: the model is served with {'int8' if any(m.scale is not None for m in served.values()) else 'bfloat16'} "
+                           "weights (Pipeline(quantize=...)), which cannot be saved: save the float32 model it was made from")
     path.parent.mkdir(parents=True, exist_ok=True)
     flat = {k: np.asarray(jax.device_get(v)) for k, v in _flat_params(module).items()}
+    flat = {k: np.swapaxes(v, -1, -2) if k in served else v for k, v in flat.items()}     # a float32 served kernel: back to (in, out)
     if dtype is not None: flat = {k: v.astype(dtype) if jnp.issubdtype(v.dtype, jnp.floating) else v for k, v in flat.items()}
     tmp = path.with_suffix(path.suffix + ".tmp")
     tmp.write_bytes(serialization.msgpack_serialize(traverse_util.unflatten_dict({tuple(k.split("/")): v for k, v in flat.items()})))
@@ -66,11 +72,19 @@ def _layers_like(flat: dict, want: dict) -> dict:
 
 
 # %% ../nbs/04a_weights.ipynb #fe3ef6bc
+def _array_ext(code: int, data: bytes):
+    "msgpack extension hook for Flax's arrays (type 1: `(shape, dtype name, bytes)`; type 3: a scalar the same way)."
+    if code not in (1, 3): return msgpack.ExtType(code, data)
+    shape, dtype, buf = msgpack.unpackb(data, raw=True)
+    a = np.frombuffer(buf, dtype=jnp.dtype(dtype.decode())).reshape(shape)
+    return a if code == 1 else a[()]
+
 def read_params(path) -> dict:
-    "The flat `{'a/b': array}` dict stored in a msgpack weights file."
+    "The flat `{'a/b': array}` dict stored in a msgpack weights file (streamed: the file's bytes are not held beside the arrays)."
     path = Path(path)
     if not path.exists(): raise WeightsError(f"{path}: no such weights file")
-    try: tree = serialization.msgpack_restore(path.read_bytes())
+    try:
+        with open(path, "rb") as f: tree = msgpack.Unpacker(f, ext_hook=_array_ext, raw=False, max_buffer_size=2**40).unpack()
     except Exception as e: raise WeightsError(f"{path}: not a readable msgpack weights file ({type(e).__name__}: {e})") from None
     if not isinstance(tree, dict): raise WeightsError(f"{path}: expected a mapping of tensors, found {type(tree).__name__}")
     return {"/".join(map(str, k)): np.asarray(v) for k, v in traverse_util.flatten_dict(tree).items()}
@@ -86,19 +100,23 @@ def check_params(module, flat: dict) -> list[str]:
                  if not jnp.issubdtype(flat[k].dtype, jnp.number)]      # jnp's: bfloat16 is a number
     return problems
 
-def load_params(module, path):
+def load_params(module, path, serve: bool = False, quantize: str | None = None):
     "Load `path` into `module`'s parameters (cast to their dtypes) after checking every tensor; returns `module`.\n\n"
-    "`module` may be abstract (`nnx.eval_shape`): its parameters then come straight from the file, its other state is zeros."
+    "`module` may be abstract (`nnx.eval_shape`): its parameters then come straight from the file, its other state is zeros.\n\n"
+    "`serve`: every `Linear` straight into its serving form (`Linear.serve(quantize)`), kernel by kernel as the file is read."
     flat = _layers_like(read_params(path), _flat_params(module))
     problems = check_params(module, flat)
     if problems:
         shown = "\n  ".join(problems[:12]) + (f"\n  … and {len(problems) - 12} more" if len(problems) > 12 else "")
         raise WeightsError(f"{path}: does not fit {type(module).__name__}:\n  {shown}")
-    want = _flat_params(module)
     # tensor by tensor, the file's copy dropped once the model's exists: loading holds the weights about once, not twice
-    tree = traverse_util.unflatten_dict({tuple(k.split("/")): jnp.asarray(flat.pop(k), dtype=want[k].dtype) for k in list(flat)})
+    same_tensor = lambda pm: [str(x) for x in pm[0] if not isinstance(x, int)]     # a stacked file tensor's layers in a row: freed after its last
+    for p, lin in sorted([(p, m) for p, m in nnx.iter_graph(module) if serve and isinstance(m, Linear)], key=same_tensor):
+        lin.serve(quantize, kernel=flat.pop("/".join(map(str, p)) + "/kernel"))
     state = nnx.state(module, nnx.Param)
-    nnx.replace_by_pure_dict(state, _restore_int_keys(tree, nnx.to_pure_dict(state)))
+    pure = traverse_util.flatten_dict(nnx.to_pure_dict(state))
+    fill = lambda k, v: jnp.asarray(flat.pop("/".join(map(str, k))), dtype=v.dtype) if isinstance(v, jax.ShapeDtypeStruct) or "/".join(map(str, k)) in flat else v
+    nnx.replace_by_pure_dict(state, traverse_util.unflatten_dict({k: fill(k, v) for k, v in pure.items()}))
     nnx.update(module, state)
     abstract = lambda x: isinstance(x, jax.ShapeDtypeStruct)
     rest = nnx.state(module, nnx.Not(nnx.Param))

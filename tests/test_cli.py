@@ -52,6 +52,18 @@ def test_same_seed_same_images(tmp_path):
         assert (np.asarray(Image.open(tmp_path / "a" / name)) == np.asarray(Image.open(tmp_path / "b" / name))).all()
 
 
+def test_quantized_generation_remembers_its_form(tmp_path):
+    "`--quantize int8` draws with int8 weights, says so in each PNG's record, and `--from` draws the same image with them again."
+    r = run("generate", "a blue triangle", "--n", "2", "--rerank", "0", "--quantize", "int8", "--out", str(tmp_path / "q"), cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    name = best_first(r.stdout)[0]
+    assert json.loads(Image.open(tmp_path / "q" / name).text["dalle_nb"])["settings"]["quantize"] == "int8"
+    again = run("generate", "--from", str(tmp_path / "q" / name), "--out", str(tmp_path / "again"), cwd=tmp_path)
+    assert again.returncode == 0 and "the same tokens as recorded" in again.stdout, again.stderr
+    bad = run("generate", "a blue triangle", "--quantize", "int4", "--out", str(tmp_path / "x"), cwd=tmp_path)
+    assert bad.returncode == 2 and "invalid choice: 'int4'" in bad.stderr
+
+
 @pytest.mark.parametrize("args, message", [
     (["generate", "", "--out", "o"], "prompt is empty"),
     (["generate", "\U0001F642\x07 ", "--out", "o"], "prompt is empty"),
