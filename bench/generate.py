@@ -17,6 +17,11 @@ The same run proves the work is equal: at a small width, min-dalle's modules loa
     python bench/generate.py --widths mini --images 1,4 --out bench/results/generate          # ~20 min here
     python bench/generate.py --widths mega --images 1 --repeats 1 --out bench/results/generate_mega
     python bench/generate.py --smoke --out /tmp/g                                              # the smoke test's run
+    python bench/generate.py --logits-error mega --out bench/results/generate                  # bfloat16/int8 error, ~17 GB
+
+`--quantize none,bfloat16,int8` runs our side once per weight form (`Pipeline(quantize=...)`). The report ends with the
+floor of a token step: the bytes it must read and the FLOPs it must do against this machine's measured bandwidth and
+matmul rate.
 """
 import argparse, json, os, platform, resource, statistics, subprocess, sys, time
 from datetime import date
@@ -72,11 +77,11 @@ def make_model_dir(width: str, path: Path) -> Path:
     return path
 
 
-def run_ours(model_dir: str, images: list[int], repeats: int) -> dict:
+def run_ours(model_dir: str, quantize: str, images: list[int], repeats: int) -> dict:
     t_start = time.perf_counter()
     import jax
     from dalle_nb.pipeline import Pipeline
-    t0 = time.perf_counter(); pipe = Pipeline(model_dir, batch_size=max(images)); load_s = time.perf_counter() - t0
+    t0 = time.perf_counter(); pipe = Pipeline(model_dir, batch_size=max(images), quantize=None if quantize == "none" else quantize); load_s = time.perf_counter() - t0
     rows = []
     for k in images:
         res = {}
@@ -85,7 +90,7 @@ def run_ours(model_dir: str, images: list[int], repeats: int) -> dict:
         tokens = res["r"].tokens
         decode = timed(lambda: pipe.decode(tokens), repeats)[1]
         rows.append(dict(images=k, first_s=first, warm_s=warm, decode_s=decode, **({} if rows else {"first_image_s": first_end - t_start})))
-    return dict(side="ours", load_s=load_s, rows=rows, peak_rss_gb=peak_rss_gb(),
+    return dict(side="ours", quantize=quantize, load_s=load_s, rows=rows, peak_rss_gb=peak_rss_gb(),
                 runtime=f"jax {jax.__version__} {jax.devices()[0].platform}, {os.cpu_count()} threads")
 
 
@@ -176,9 +181,90 @@ def greedy_agreement(seed: int = 0) -> dict:
     theirs = tokens[0, 1:].numpy()
     listed = unstack_params(ours, DalleBart(replace(cfg, scan_layers=False), rngs=nnx.Rngs(seed)))   # as `Pipeline` loads it
     draw = lambda m: np.asarray(generate(m, text[1:], row_keys(0, 1), blank_ids=text[:1], cond_scale=SETTINGS["cond_scale"], top_k=1))[0]
-    mine, mine_listed = draw(ours), draw(listed)
+    from dalle_nb.layers import serve_all
+    mine, mine_listed, mine_served = draw(ours), draw(listed), draw(serve_all(listed))          # served: kernels [out, in], float32
     return dict(width="small", tokens=TOKENS, agree=int((mine == theirs).sum()), agree_unrolled=int((mine_listed == theirs).sum()),
+                agree_served=int((mine_served == theirs).sum()),
                 first_difference=int(np.argmax(mine != theirs)) if (mine != theirs).any() else None)
+
+
+def machine_throughput() -> dict:
+    "This machine's measured memory read bandwidth (summing 1 GiB) and matmul throughput (2048³, float32 and int8 → int32)."
+    import numpy as np, jax, jax.numpy as jnp
+    def best(f, *a):
+        jax.block_until_ready(f(*a)); ts = []
+        for _ in range(5):
+            t0 = time.perf_counter(); jax.block_until_ready(f(*a)); ts.append(time.perf_counter() - t0)
+        return min(ts)
+    big, n = jnp.ones((2 ** 28,), jnp.float32), 2048
+    a32, a8 = jnp.ones((n, n), jnp.float32), jnp.ones((n, n), jnp.int8)
+    return dict(read_gb_s=2 ** 30 / best(jax.jit(jnp.sum), big) / 1e9,
+                float32_gflop_s=2 * n ** 3 / best(jax.jit(jnp.matmul), a32, a32) / 1e9,
+                int8_gop_s=2 * n ** 3 / best(jax.jit(lambda x, y: jax.lax.dot(x, y, preferred_element_type=jnp.int32)), a8, a8) / 1e9)
+
+
+def step_floor(width: str, quantize: str, rows: int, measured: dict) -> dict:
+    "Bytes and FLOPs of one token step (weights the step reads in the served form, KV cache at the mean length) and the time they need here."
+    import jax, numpy as np
+    from dataclasses import replace
+    from flax import nnx
+    from dalle_nb.bart import DalleBart
+    from dalle_nb.layers import serve_all
+    cfg = replace(bart_config(width), scan_layers=False)
+    model = nnx.eval_shape(lambda: serve_all(DalleBart(cfg, rngs=nnx.Rngs(0)), None if quantize == "none" else quantize))
+    flat = {"/".join(map(str, k)): v for k, v in nnx.to_flat_state(nnx.state(model.decoder, nnx.Param))}
+    read = {k: v for k, v in flat.items() if ("/layers/" in k or "lm_head" in k) and k.endswith("kernel") and "encoder_attn/k_proj" not in k
+            and "encoder_attn/v_proj" not in k}
+    weights = sum(v.size * np.dtype(v.dtype).itemsize for v in read.values())
+    params = sum(v.size for v in read.values())
+    cache = rows * cfg.decoder_layers * 2 * cfg.d_model * (TOKENS // 2 + cfg.max_text_len) * 4
+    flops = 2 * rows * params + 4 * rows * cfg.decoder_layers * cfg.d_model * (TOKENS // 2 + cfg.max_text_len)
+    peak = measured["int8_gop_s"] if quantize == "int8" else measured["float32_gflop_s"]
+    return dict(width=width, quantize=quantize, rows=rows, weight_mb=weights / 1e6, cache_mb=cache / 1e6, gflop=flops / 1e9,
+                floor_ms=1e3 * max((weights + cache) / (measured["read_gb_s"] * 1e9), flops / (peak * 1e9)))
+
+
+def logits_error(width: str, seed: int = 0) -> dict:
+    "The BART's teacher-forced logits (random weights at `width`, full depth) with bfloat16 and int8 weights against float32."
+    import numpy as np, jax.numpy as jnp
+    from dataclasses import replace
+    from flax import nnx
+    from dalle_nb.bart import DalleBart
+    from dalle_nb.layers import serve_all
+    cfg = replace(bart_config(width), scan_layers=False)
+    model = DalleBart(cfg, rngs=nnx.Rngs(seed))
+    rng = np.random.default_rng(seed)
+    text = np.ones((2, cfg.max_text_len), np.int32); text[:, 0] = 0
+    text[:, 1:12] = rng.integers(3, cfg.text_vocab, (2, 11)); text[:, 12] = 2
+    image = rng.integers(0, cfg.image_codes, (2, TOKENS)).astype(np.int32)
+    run = nnx.jit(lambda m, t, i: m(t, i), graph_updates=False)
+    ref = np.asarray(run(model, text, image), np.float64)
+    out = dict(width=width, tokens=TOKENS, rows=2)
+    for q in ("bfloat16", "int8"):
+        served = serve_all(nnx.clone(model), q)            # a second copy of the kernels, in the served form
+        got = np.asarray(run(served, text, image), np.float64); del served
+        out[q] = dict(relative_error=float(np.linalg.norm(got - ref) / np.linalg.norm(ref)),
+                      top1_agreement=float((got.argmax(-1) == ref.argmax(-1)).mean()),
+                      top256_overlap=float(np.mean([len(set(np.argsort(g)[-256:]) & set(np.argsort(r)[-256:])) / 256
+                                                    for g, r in zip(got.reshape(-1, got.shape[-1])[::16], ref.reshape(-1, ref.shape[-1])[::16])])))
+    return out
+
+
+def cli_twice(model_dir: str, quantize: str, k: int) -> dict:
+    "Wall time of two `dalle-nb generate` processes in a row sharing a fresh compilation cache: the second skips compiling."
+    import shutil, tempfile
+    exe = shutil.which("dalle-nb") or str(Path(sys.executable).with_name("dalle-nb"))
+    with tempfile.TemporaryDirectory() as d:
+        env = {k_: v for k_, v in os.environ.items() if k_ != "XLA_FLAGS"}
+        env["DALLE_NB_CACHE"] = d
+        cmd = [exe, "generate", PROMPT, "--model", model_dir, "--n", str(k), "--rerank", "0", "--cond-scale", str(SETTINGS["cond_scale"]),
+               "--top-k", str(SETTINGS["top_k"]), "--temperature", str(SETTINGS["temperature"]), "--quiet", "--out", str(Path(d) / "out")]
+        cmd += [] if quantize == "none" else ["--quantize", quantize]
+        walls = []
+        for _ in range(2):
+            t0 = time.perf_counter(); r = subprocess.run(cmd, capture_output=True, text=True, env=env); walls.append(time.perf_counter() - t0)
+            if r.returncode != 0: return dict(error=f"exit {r.returncode}", stderr=r.stderr[-2000:])
+    return dict(quantize=quantize, images=k, first_process_s=walls[0], second_process_s=walls[1])
 
 
 def child(argv: list[str]) -> dict:
@@ -187,8 +273,12 @@ def child(argv: list[str]) -> dict:
     if kind == "make": return dict(path=str(make_model_dir(rest[0], Path(rest[1]))))
     if kind == "make-min-dalle": return dict(path=str(make_min_dalle_dir(rest[0], Path(rest[1]))))
     if kind == "agree": return greedy_agreement()
+    if kind == "error": return logits_error(rest[0])
+    if kind == "floor":
+        measured = machine_throughput()
+        return dict(measured=measured, floors=[step_floor(w, q, 2 * int(k), measured) for w in rest[0].split(",") for q in rest[1].split(",") for k in rest[2].split(",")])
     images, repeats = [int(x) for x in rest[-2].split(",")], int(rest[-1])
-    return run_ours(rest[0], images, repeats) if kind == "ours" else run_min_dalle(rest[0], rest[1], images, repeats)
+    return run_ours(rest[0], rest[1], images, repeats) if kind == "ours" else run_min_dalle(rest[0], rest[1], images, repeats)
 
 
 def in_process(*argv, timeout=7200) -> dict:
@@ -220,10 +310,11 @@ def ratios(widths: dict) -> list[dict]:
     "Per width and image count: ours ÷ min-dalle in images/s (higher is better), in peak RSS and time to the first image (lower)."
     out = []
     for width, sides in widths.items():
-        a, b = sides.get("ours", {}), sides.get("min-dalle", {})
-        if "rows" not in a or "rows" not in b: continue
+      for side, a in sides.items():
+        b = sides.get("min-dalle", {})
+        if not side.startswith("ours") or "rows" not in a or "rows" not in b: continue
         for ra, rb in zip(a["rows"], b["rows"]):
-            out.append(dict(width=width, images=ra["images"], speed=rb["warm_s"] / ra["warm_s"],
+            out.append(dict(width=width, side=side, images=ra["images"], speed=rb["warm_s"] / ra["warm_s"],
                             first_image=ra["first_image_s"] / rb["first_image_s"] if "first_image_s" in ra and "first_image_s" in rb else None,
                             memory=a["peak_rss_gb"] / b["peak_rss_gb"]))
     return out
@@ -235,10 +326,18 @@ def main(argv=None):
     p.add_argument("--images", default="1,4", help="comma-separated images per prompt (squares: min-dalle draws a grid)")
     p.add_argument("--repeats", type=int, default=2, help="warm calls timed per image count (median)")
     p.add_argument("--sides", default="ours,min-dalle")
+    p.add_argument("--quantize", default="none", help="comma-separated weight forms for our side: none (float32), bfloat16, int8")
     p.add_argument("--cache", default=str(Path.home() / ".cache" / "dalle_nb" / "bench_generate"), help="where the random model directories are kept")
     p.add_argument("--smoke", action="store_true", help="small width, 1 image, 1 repeat (the smoke test)")
     p.add_argument("--out", default=None, help="write generate.json and generate.md here")
+    p.add_argument("--second-process", action="store_true", help="also time two `dalle-nb generate` processes sharing a fresh compilation cache")
+    p.add_argument("--logits-error", default=None, metavar="WIDTH", help="only measure the logits' error with bfloat16 and int8 weights at WIDTH (mega: ~17 GB)")
     a = p.parse_args(argv)
+    if a.logits_error:
+        err = in_process("error", a.logits_error)
+        print(json.dumps(err, indent=1))
+        if a.out: Path(a.out).mkdir(parents=True, exist_ok=True); (Path(a.out) / f"logits_error_{a.logits_error}.json").write_text(json.dumps(dict(err, date=str(date.today())), indent=1))
+        return err
     if a.smoke: a.widths, a.images, a.repeats = "small", "1", 0
     import dalle_nb
     widths = {}
@@ -251,17 +350,38 @@ def main(argv=None):
             if not (d / ("bart.msgpack" if side == "ours" else "vqgan/detoker.pt")).exists():
                 made = in_process("make" if side == "ours" else "make-min-dalle", width, str(d))
                 if "error" in made: sides[side] = made; continue
-            sides[side] = (in_process("ours", str(d), a.images, str(a.repeats)) if side == "ours" else
-                           in_process("min-dalle", width, str(d), a.images, str(a.repeats)))
-            print(f"{width} {side}: {json.dumps(sides[side])[:400]}", flush=True)
+            if side == "min-dalle":
+                sides[side] = in_process("min-dalle", width, str(d), a.images, str(a.repeats))
+                print(f"{width} {side}: {json.dumps(sides[side])[:400]}", flush=True)
+            for q in a.quantize.split(",") if side == "ours" else ():
+                if q not in ("none", "bfloat16", "int8"): p.error(f"--quantize: unknown form {q!r}")
+                name = "ours" if q == "none" else f"ours ({q})"
+                sides[name] = in_process("ours", str(d), q, a.images, str(a.repeats))
+                print(f"{width} {name}: {json.dumps(sides[name])[:400]}", flush=True)
+                if a.second_process and "rows" in sides[name]:             # the compilation cache: a second `dalle-nb generate`
+                    k = max(int(x) for x in a.images.split(","))
+                    sides[name]["cli"] = cli_twice(str(d), q, k)
+                    print(f"{width} {name} cli: {json.dumps(sides[name]['cli'])}", flush=True)
         widths[width] = sides
     agree = in_process("agree")
-    res = dict(widths=widths, ratios=ratios(widths), agreement=agree, settings=SETTINGS, prompt=PROMPT, version=dalle_nb.__version__,
+    floor = in_process("floor", a.widths, a.quantize, a.images)
+    res = dict(widths=widths, ratios=ratios(widths), agreement=agree, floor=floor, settings=SETTINGS, prompt=PROMPT, version=dalle_nb.__version__,
                machine=f"{platform.machine()}, {os.cpu_count()} cores, {platform.python_version()}", date=str(date.today()))
     md = table(widths) + "\n\n" + "\n".join(
-        f"- {r['width']}, {r['images']} image(s): ours {r['speed']:.2f}× min-dalle's images/s, "
+        f"- {r['width']}, {r['images']} image(s): {r['side']} {r['speed']:.2f}× min-dalle's images/s, "
         f"{r['memory']:.2f}× its peak RSS" + (f", {r['first_image']:.2f}× its time to the first image" if r["first_image"] else "") for r in res["ratios"])
-    md += f"\n- greedy agreement at the small width: {agree.get('agree')}/{TOKENS} tokens (layers unrolled, as `Pipeline` loads them: {agree.get('agree_unrolled')}/{TOKENS})" + (f" ({agree['error']})" if "error" in agree else "")
+    md += f"\n- greedy agreement at the small width: {agree.get('agree')}/{TOKENS} tokens (layers unrolled: {agree.get('agree_unrolled')}/{TOKENS}; unrolled and served, as `Pipeline` runs them: {agree.get('agree_served')}/{TOKENS})" + (f" ({agree['error']})" if "error" in agree else "")
+    if "floors" in floor:
+        m = floor["measured"]
+        md += (f"\n\nThe floor of a token step on this machine (memory read {m['read_gb_s']:.0f} GB/s, matmul {m['float32_gflop_s']:.0f} GFLOP/s float32, "
+               f"{m['int8_gop_s']:.0f} GOP/s int8, measured here): max(bytes ÷ bandwidth, FLOPs ÷ matmul rate)\n\n"
+               "| width | weights | rows | weights read (MB) | KV cache read (MB) | GFLOP | floor (ms/token step) |\n|---|---|---|---|---|---|---|\n")
+        md += "\n".join(f"| {f['width']} | {f['quantize']} | {f['rows']} | {f['weight_mb']:.0f} | {f['cache_mb']:.0f} | {f['gflop']:.2f} | {f['floor_ms']:.1f} |" for f in floor["floors"])
+    clis = [(w, side, rep["cli"], next(r for r in rep["rows"] if r["images"] == rep["cli"]["images"])) for w, sides in widths.items()
+            for side, rep in sides.items() if "cli" in rep and "error" not in rep["cli"]]
+    for w, side, c, row in clis:
+        md += (f"\n- {w}, {side}, `dalle-nb generate --n {c['images']}`: a first process {c['first_process_s']:.1f} s, the second (compiled programs "
+               f"from the cache) {c['second_process_s']:.1f} s = {c['second_process_s'] / row['warm_s']:.2f}× a warm in-process call ({row['warm_s']:.1f} s)")
     print(md)
     if a.out:
         out = Path(a.out); out.mkdir(parents=True, exist_ok=True)

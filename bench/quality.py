@@ -4,7 +4,7 @@ For each prompt category (one seen object, two seen objects, held-out colour–s
 scale, sample N candidates per prompt and report the fraction that `dalle_nb.shapes.caption_match` accepts:
 for the first sample (no reranking) and for CLIP's best of N. Writes a JSON file, a markdown table and a plot.
 
-    python bench/quality.py [--model DIR] [--prompts 40] [--n 8] [--scales 1,2,3,5,8] [--out bench/results]
+    python bench/quality.py [--model DIR] [--prompts 40] [--n 8] [--scales 1,2,3,5,8] [--quantize int8] [--out bench/results]
 
 Works for either architecture: the model directory's config says which transformer (`arch`: bart or dalle) and which
 image tokenizer (`image_tokenizer`: vqgan or dvae) the pipeline uses; both are recorded with the results.
@@ -24,6 +24,7 @@ def main(argv=None):
     p.add_argument("--scales", default="1,2,3,5,8", help="condition scales")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--plausibility", type=float, default=None, help="sampling guard α (default: the model's setting)")
+    p.add_argument("--quantize", default=None, choices=("bfloat16", "int8"), help="the transformer's weights in this form (default float32)")
     p.add_argument("--out", default="bench/results")
     a = p.parse_args(argv)
 
@@ -32,7 +33,7 @@ def main(argv=None):
     from dalle_nb.images import to_float, center_crop_resize
     from flax import nnx
 
-    pipe = Pipeline(a.model, batch_size=a.n)
+    pipe = Pipeline(a.model, batch_size=a.n, quantize=a.quantize)
     scales = [float(s) for s in a.scales.split(",")]
 
     # The ceiling the VQGAN sets: how often the checker still accepts a ground-truth image after encode → decode.
@@ -65,7 +66,7 @@ def main(argv=None):
 
     out = Path(a.out); out.mkdir(parents=True, exist_ok=True)
     meta = dict(date=str(date.today()), machine=f"{platform.machine()} {platform.processor() or ''} ({_cpu()})",
-                model=str(pipe.models.path), arch=pipe.cfg.arch, image_tokenizer=pipe.cfg.image_tokenizer, seconds=round(seconds, 1), command="python bench/quality.py " + " ".join(argv or sys.argv[1:]))
+                model=str(pipe.models.path), arch=pipe.cfg.arch, image_tokenizer=pipe.cfg.image_tokenizer, quantize=a.quantize, seconds=round(seconds, 1), command="python bench/quality.py " + " ".join(argv or sys.argv[1:]))
     (out / "quality.json").write_text(json.dumps(dict(meta=meta, vqgan_roundtrip_accuracy=ceiling, rows=rows), indent=1))
     table = ["| category | cond scale | plausibility α | first sample | CLIP best of %d | any of %d |" % (a.n, a.n), "|---|---|---|---|---|---|"]
     table += [f"| {r['category']} | {r['cond_scale']:g} | {r['plausibility']:g} | {r['first']:.0%} | {r['reranked']:.0%} | {r['oracle']:.0%} |" for r in rows]
