@@ -386,9 +386,9 @@ def memory_estimate(self: Pipeline, n: int, rerank: int, prompts: int = 1, batch
     m = self.models
     weights = sum(x.nbytes for mod in (m.transformer, m.image_tokenizer, m.clip) if mod is not None for x in jax.tree.leaves(nnx.state(mod)))
     bs, res = batch or min(self.batch_size, n * prompts), self.cfg.tokenizer_cfg.resolution
-    batch = 2 * state_bytes(m.transformer, bs) + 8 * bs * res * res * 3 * 4 * 8
+    per_batch = 2 * state_bytes(m.transformer, bs) + 8 * bs * res * res * 3 * 4 * 8
     kept = prompts * (rerank or n) * (res * res * 3 + 4 * self.image_len)
-    return dict(weights=weights, batch=batch, kept=kept, total=weights + batch + kept)
+    return dict(weights=weights, batch=per_batch, kept=kept, total=weights + per_batch + kept)
 
 # %% ../nbs/13_pipeline.ipynb #1e8ef060
 def available_memory() -> int | None:

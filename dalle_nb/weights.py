@@ -20,15 +20,17 @@ __all__ = ['WeightsError', 'save_params', 'unstack_layers', 'stack_layers', 'rea
 class WeightsError(ValueError):
     "A weights file that does not fit the model it is loaded into (or is not a weights file at all)."
 
+def _key(path) -> str: return "/".join(map(str, path))          # ('decoder', 'layers', 3, 'fc0') → 'decoder/layers/3/fc0'
+
 def _flat_params(module) -> dict:
     "`{'a/b/c': array}` for every `nnx.Param` of `module`."
     state = nnx.to_pure_dict(nnx.state(module, nnx.Param))
-    return {"/".join(map(str, k)): v for k, v in traverse_util.flatten_dict(state).items()}
+    return {_key(k): v for k, v in traverse_util.flatten_dict(state).items()}
 
 def save_params(module, path, dtype=None) -> Path:
     "Write `module`'s parameters to `path` as msgpack, optionally cast to `dtype` (e.g. 'float16')."
     path = Path(path)
-    served = {"/".join(map(str, p)) + "/kernel": m for p, m in nnx.iter_graph(module) if isinstance(m, Linear) and m.served}
+    served = {_key(p) + "/kernel": m for p, m in nnx.iter_graph(module) if isinstance(m, Linear) and m.served}
     if any(m.scale is not None or m.kernel.dtype != jnp.float32 for m in served.values()):
         raise WeightsError(f"{path}: the model is served with {'int8' if any(m.scale is not None for m in served.values()) else 'bfloat16'} "
                            "weights (Pipeline(quantize=...)), which cannot be saved: save the float32 model it was made from")
@@ -87,7 +89,7 @@ def read_params(path) -> dict:
         with open(path, "rb") as f: tree = msgpack.Unpacker(f, ext_hook=_array_ext, raw=False, max_buffer_size=2**40).unpack()
     except Exception as e: raise WeightsError(f"{path}: not a readable msgpack weights file ({type(e).__name__}: {e})") from None
     if not isinstance(tree, dict): raise WeightsError(f"{path}: expected a mapping of tensors, found {type(tree).__name__}")
-    return {"/".join(map(str, k)): np.asarray(v) for k, v in traverse_util.flatten_dict(tree).items()}
+    return {_key(k): np.asarray(v) for k, v in traverse_util.flatten_dict(tree).items()}
 
 def check_params(module, flat: dict) -> list[str]:
     "Problems (missing, unexpected, wrong shape) loading `flat` into `module`; empty when it fits."
@@ -112,10 +114,10 @@ def load_params(module, path, serve: bool = False, quantize: str | None = None):
     # tensor by tensor, the file's copy dropped once the model's exists: loading holds the weights about once, not twice
     same_tensor = lambda pm: [str(x) for x in pm[0] if not isinstance(x, int)]     # a stacked file tensor's layers in a row: freed after its last
     for p, lin in sorted([(p, m) for p, m in nnx.iter_graph(module) if serve and isinstance(m, Linear)], key=same_tensor):
-        lin.serve(quantize, kernel=flat.pop("/".join(map(str, p)) + "/kernel"))
+        lin.serve(quantize, kernel=flat.pop(_key(p) + "/kernel"))
     state = nnx.state(module, nnx.Param)
     pure = traverse_util.flatten_dict(nnx.to_pure_dict(state))
-    fill = lambda k, v: jnp.asarray(flat.pop("/".join(map(str, k))), dtype=v.dtype) if isinstance(v, jax.ShapeDtypeStruct) or "/".join(map(str, k)) in flat else v
+    fill = lambda k, v: jnp.asarray(flat.pop(_key(k)), dtype=v.dtype) if _key(k) in flat else v        # served kernels: already there
     nnx.replace_by_pure_dict(state, traverse_util.unflatten_dict({k: fill(k, v) for k, v in pure.items()}))
     nnx.update(module, state)
     abstract = lambda x: isinstance(x, jax.ShapeDtypeStruct)
