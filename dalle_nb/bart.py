@@ -13,7 +13,7 @@ import numpy as np
 import optax
 from flax import nnx
 from .config import BartConfig
-from .layers import Linear, Embed, Norm, constrain, dtype_of, gelu
+from .layers import Linear, Embed, Norm, constrain, dtype_of, gelu, shapes_only, abstract_module
 
 # %% auto #0
 __all__ = ['attend', 'attend_cached', 'Attention', 'GLU', 'EncoderLayer', 'DecoderLayer', 'LayerStack', 'Encoder', 'text_mask',
@@ -162,7 +162,8 @@ class LayerStack(nnx.Module):
             @nnx.split_rngs(splits=n)
             @nnx.vmap(in_axes=(0,), out_axes=0, transform_metadata={nnx.PARTITION_NAME: "layers"})
             def stacked(r): return make(r)
-            self.layers = stacked(rngs)
+            # vmap needs arrays: under `abstract_module` trace the stacked build alone (one layer's parameters: cheap)
+            self.layers = abstract_module(lambda: stacked(nnx.Rngs(0)), trace=True) if shapes_only() else stacked(rngs)
         else:
             self.layers = nnx.List([make(rngs) for _ in range(n)])
 
@@ -315,7 +316,7 @@ def unstack_params(src: DalleBart, dst: DalleBart) -> DalleBart:
 # %% ../nbs/06_bart.ipynb #a5f5a1da
 def param_counts(cfg: BartConfig) -> dict:
     "Parameters of the encoder, the decoder and in total, counted on an abstract (shape-only) model."
-    abstract = nnx.eval_shape(lambda: DalleBart(cfg, rngs=nnx.Rngs(0)))
+    abstract = abstract_module(lambda: DalleBart(cfg, rngs=nnx.Rngs(0)))
     count = lambda m: sum(int(np.prod(x.shape)) for x in jax.tree.leaves(nnx.state(m, nnx.Param)))
     enc, dec = count(abstract.encoder), count(abstract.decoder)
     return {"encoder": enc, "decoder": dec, "total": enc + dec}

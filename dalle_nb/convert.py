@@ -16,6 +16,7 @@ from .config import (VQGANConfig, BartConfig, CLIPConfig, RunConfig, SampleConfi
                              PRESETS)
 from .text import TextEncoder, TokenizerFileError, bart_tokenizer, clip_tokenizer
 from .weights import WeightsError, read_params, _flat_params, _restore_int_keys, unstack_layers, stack_layers
+from .layers import abstract_module
 from .vqgan import VQGAN
 from .bart import DalleBart
 from .clip import CLIP
@@ -111,7 +112,7 @@ def to_torch(key: str, a: np.ndarray) -> np.ndarray:
 # %% ../nbs/10b_convert.ipynb #12a9dc00
 @functools.lru_cache(maxsize=32)
 def _shapes(cls, cfg) -> tuple:
-    return tuple((k, tuple(v.shape)) for k, v in _flat_params(nnx.eval_shape(lambda: cls(cfg, rngs=nnx.Rngs(0)))).items())
+    return tuple((k, tuple(v.shape)) for k, v in _flat_params(abstract_module(lambda: cls(cfg, rngs=nnx.Rngs(0)))).items())
 
 def model_shapes(cls, cfg) -> dict:
     "`{name: shape}` of every parameter of `cls(cfg)`, from an abstract (shape-only) model (cached: configs are frozen)."
@@ -130,7 +131,7 @@ def build_model(cls, cfg, flat: dict, source):
     problems += [f"tensor {k}: converted shape {tuple(np.shape(flat[k]))}, model expects {want[k]}"
                  for k in sorted(set(want) & set(flat)) if tuple(np.shape(flat[k])) != want[k]]
     if problems: raise _problems(source, f"does not fit {cls.__name__}", problems)
-    abstract = nnx.eval_shape(lambda: cls(cfg, rngs=nnx.Rngs(0)))
+    abstract = abstract_module(lambda: cls(cfg, rngs=nnx.Rngs(0)))
     graphdef, params, rest = nnx.split(abstract, nnx.Param, ...)
     dtypes = {k: v.dtype for k, v in _flat_params(abstract).items()}
     tree = traverse_util.unflatten_dict({tuple(k.split("/")): jnp.asarray(v, dtypes[k]) for k, v in flat.items()})

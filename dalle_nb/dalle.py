@@ -14,7 +14,7 @@ import jax, jax.numpy as jnp
 import optax
 from flax import nnx
 from .config import DalleConfig
-from .layers import Linear, Embed, Norm, constrain, dtype_of, gelu
+from .layers import Linear, Embed, Norm, constrain, dtype_of, gelu, abstract_module
 
 # %% auto #0
 __all__ = ['image_mask', 'stream_mask', 'show_masks', 'layer_masks', 'plain_residual', 'attend', 'AttentionBlock', 'MLPBlock',
@@ -220,7 +220,7 @@ def dalle_param_counts(cfg: DalleConfig) -> dict:
     "Parameters of the layers, the embeddings + heads, and in total, on an abstract (shape-only) model."
     from dataclasses import replace
     one = replace(cfg, layers=1, attn_types="")                 # every layer has the same shapes, whatever its mask
-    m = nnx.eval_shape(lambda: DalleTransformer(one, rngs=nnx.Rngs(0)))
+    m = abstract_module(lambda: DalleTransformer(one, rngs=nnx.Rngs(0)))
     count = lambda mod: sum(int(np.prod(x.shape)) for x in jax.tree.leaves(nnx.state(mod, nnx.Param)))
     per_layer = count(m.layers[0])
     rest = count(m) - per_layer

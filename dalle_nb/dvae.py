@@ -11,7 +11,7 @@ import numpy as np
 import jax, jax.numpy as jnp
 from flax import nnx
 from .config import DVAEConfig, PAPER_DVAE
-from .layers import Conv, dtype_of
+from .layers import Conv, dtype_of, abstract_module
 from .vqgan import space_to_depth, depth_to_space     # the same patch (un)folding as the VQGAN's
 
 # %% auto #0
@@ -220,7 +220,7 @@ def show_dvae_reconstructions(model: DVAE, images, n: int = 8, title: str = "ori
 # %% ../nbs/05a_dvae.ipynb #244d2a54
 def dvae_param_counts(cfg: DVAEConfig) -> dict:
     "Parameter counts of the encoder, the decoder and in total, from an abstract model."
-    m = nnx.eval_shape(lambda: DVAE(cfg, rngs=nnx.Rngs(0)))
+    m = abstract_module(lambda: DVAE(cfg, rngs=nnx.Rngs(0)))
     count = lambda mod: sum(int(np.prod(v.shape)) for v in jax.tree.leaves(nnx.state(mod, nnx.Param)))
     out = {"encoder": count(m.encoder), "decoder": count(m.decoder)}
     out["total"] = sum(out.values())

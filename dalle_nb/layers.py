@@ -6,7 +6,7 @@ Docs: https://dalle-nb.github.io/dalle_nb/layers.html.md"""
 
 # %% ../nbs/04_layers.ipynb #23207d43
 from __future__ import annotations
-import math, os
+import contextvars, math, os
 import jax, jax.numpy as jnp
 from flax import nnx
 from fastcore.basics import patch_to
@@ -14,9 +14,9 @@ from flax.core import spmd as flax_spmd
 from jax.sharding import PartitionSpec as P
 
 # %% auto #0
-__all__ = ['LOGICAL_AXES', 'QUANTIZE', 'ACTIVATIONS', 'xla_cpu_defaults', 'dtype_of', 'param', 'logical_to_spec', 'constrain',
-           'normal', 'Linear', 'quantize_rows', 'served_kernel', 'Embed', 'serve_all', 'Norm', 'Conv', 'gelu',
-           'quick_gelu', 'swish']
+__all__ = ['LOGICAL_AXES', 'QUANTIZE', 'ACTIVATIONS', 'xla_cpu_defaults', 'dtype_of', 'param', 'shapes_only', 'abstract_module',
+           'logical_to_spec', 'constrain', 'normal', 'Linear', 'quantize_rows', 'served_kernel', 'Embed', 'serve_all',
+           'Norm', 'Conv', 'gelu', 'quick_gelu', 'swish']
 
 # %% ../nbs/04_layers.ipynb #c22d4f45
 def xla_cpu_defaults(env=os.environ) -> str:
@@ -43,7 +43,20 @@ def param(rngs: nnx.Rngs, init, shape, axes, dtype="float32") -> nnx.Param:
     if len(axes) != len(shape): raise ValueError(f"param: {len(shape)}-d shape {tuple(shape)} but {len(axes)} axis names {axes}")
     bad = [a for a in axes if a is not None and a not in LOGICAL_AXES]
     if bad: raise ValueError(f"param: unknown logical axis name(s) {bad}; known: {LOGICAL_AXES}")
-    return nnx.Param(init(rngs.params(), tuple(shape), dtype_of(dtype)), out_sharding=axes, eager_sharding=False)
+    value = jax.ShapeDtypeStruct(tuple(shape), dtype_of(dtype)) if shapes_only() else init(rngs.params(), tuple(shape), dtype_of(dtype))
+    return nnx.Param(value, out_sharding=axes, eager_sharding=False)
+
+_SHAPES_ONLY = contextvars.ContextVar("dalle_nb_shapes_only", default=False)
+def shapes_only() -> bool:
+    "Whether `param` is building shapes only (inside `abstract_module`)."
+    return _SHAPES_ONLY.get()
+
+# %% ../nbs/04_layers.ipynb #1738071e
+def abstract_module(make, trace: bool = False):
+    "What `nnx.eval_shape(make)` returns (parameters as `ShapeDtypeStruct`s) built without tracing; `trace`: by `nnx.eval_shape`."
+    token = _SHAPES_ONLY.set(not trace)   # a traced build (for what needs arrays, such as `nnx.vmap`) draws values
+    try: return nnx.eval_shape(make) if trace else make()
+    finally: _SHAPES_ONLY.reset(token)
 
 # %% ../nbs/04_layers.ipynb #5e02653f
 def logical_to_spec(axes, rules) -> P:

@@ -14,6 +14,7 @@ from flax import nnx
 from .config import RunConfig, load_config, save_config
 from .text import TextEncoder
 from .weights import load_params, save_params, WeightsError
+from .layers import abstract_module
 from .vqgan import VQGAN
 from .bart import DalleBart
 from .clip import CLIP
@@ -95,7 +96,7 @@ def load_models(path=None, unrolled: bool = False, serve: bool = False, quantize
                      if (path / "clip_tokenizer.json").exists() else None)
         if text.vocab_size > cfg.text_vocab:
             raise ModelDirError(f"{path / 'tokenizer.json'}: {text.vocab_size} tokens but the {'BART' if cfg.arch == 'bart' else 'DALL·E transformer'} reads only {cfg.text_vocab}")
-        build = lambda cls, c: nnx.eval_shape(lambda: cls(c, rngs=nnx.Rngs(0)))
+        build = lambda cls, c: abstract_module(lambda: cls(c, rngs=nnx.Rngs(0)))
         # the models the config names are required (checked above); the others are loaded when present
         how = lambda n: dict(serve=serve, quantize=quantize) if n in ("bart", "dalle") else {}
         loaded = {n: load_params(build(cls, getattr(cfg, n)), path / f"{n}.msgpack", **how(n)) if (path / f"{n}.msgpack").exists() else None
@@ -107,7 +108,7 @@ def load_models(path=None, unrolled: bool = False, serve: bool = False, quantize
     return Models(cfg, text, loaded["vqgan"], loaded["bart"], loaded["clip"], path, card, clip_text, loaded["dvae"], loaded["dalle"])
 
 def _materialise(abstract):
-    "Turn an abstract (`eval_shape`) module into one with zero-filled arrays, ready for `load_params`."
+    "Turn an abstract (`abstract_module`) module into one with zero-filled arrays, ready for `load_params`."
     graphdef, state = nnx.split(abstract)
     return nnx.merge(graphdef, jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), state))
 

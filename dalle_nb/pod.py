@@ -655,6 +655,7 @@ def fit_check(cfg, topology: str | None = "v3:8x16", layout: str | None = None, 
     from flax import nnx
     from jax.sharding import NamedSharding, PartitionSpec as P
     from dalle_nb.bart import DalleBart, bart_loss
+    from dalle_nb.layers import abstract_module
     from dalle_nb.data import blank_captions
     from dalle_nb.optim import make_optimizer
     from dalle_nb.sharding import data_shards
@@ -672,7 +673,7 @@ def fit_check(cfg, topology: str | None = "v3:8x16", layout: str | None = None, 
     B = per_replica * replicas * accum
     blank = jnp.full((bart.max_text_len,), bart.pad_id, jnp.int32)
     def loss_fn(m, b, k): return bart_loss(m, blank_captions(b["text"], blank, sc.blank_caption_prob, k), b["image"])
-    model = nnx.eval_shape(lambda: DalleBart(bart, rngs=nnx.Rngs(0)))
+    model = abstract_module(lambda: DalleBart(bart, rngs=nnx.Rngs(0)))
     train = make_sharded_train_step(loss_fn, model, tx if tx is not None else make_optimizer(sc), mesh, grad_accum=accum)
     batch = train.batch_structs({"text": ((B, bart.max_text_len), jnp.int32), "image": ((B, bart.image_len), jnp.int32)})
     key = jax.ShapeDtypeStruct((), jax.random.key(0).dtype, sharding=NamedSharding(mesh, P()))

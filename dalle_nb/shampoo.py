@@ -17,7 +17,7 @@ from flax import nnx, struct
 from flax.core import spmd as flax_spmd
 from jax.sharding import NamedSharding, PartitionSpec as P
 from .config import StageConfig
-from .layers import logical_to_spec, constrain
+from .layers import logical_to_spec, constrain, abstract_module
 from .sharding import RULES, fit_spec
 
 # %% auto #0

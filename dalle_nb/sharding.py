@@ -14,7 +14,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P, AxisType
 from jax.experimental import mesh_utils, multihost_utils
 from flax import nnx
 from flax.core import spmd as flax_spmd
-from .layers import LOGICAL_AXES, logical_to_spec
+from .layers import LOGICAL_AXES, logical_to_spec, abstract_module
 
 # %% auto #0
 __all__ = ['MESH_AXES', 'RULES', 'unnamed_params', 'make_mesh', 'parse_mesh', 'mesh_from_spec', 'use_mesh', 'state_specs',
@@ -124,7 +124,7 @@ def state_shardings(state, mesh: Mesh, rules=RULES):
 
 def sharded_init(make, mesh: Mesh, rules=RULES):
     "Build the module `make()` returns directly in its sharded layout on `mesh` (never whole on one device)."
-    graphdef, abstract = nnx.split(nnx.eval_shape(make))
+    graphdef, abstract = nnx.split(abstract_module(make))
     shardings = state_shardings(abstract, mesh, rules)
     @partial(jax.jit, out_shardings=shardings)
     def init(): return nnx.state(make())

@@ -11,7 +11,7 @@ import numpy as np
 import jax, jax.numpy as jnp
 from flax import nnx
 from .config import VQGANConfig, F16_VQGAN
-from .layers import Conv, param, swish, dtype_of
+from .layers import Conv, param, swish, dtype_of, abstract_module
 
 # %% auto #0
 __all__ = ['COLOR_DIM', 'GroupNorm', 'ResnetBlock', 'AttnBlock', 'Downsample', 'Upsample', 'space_to_depth', 'depth_to_space',
@@ -378,7 +378,7 @@ def show_reconstructions(model: VQGAN, images, n: int = 8, title: str = "origina
 # %% ../nbs/05_vqgan.ipynb #f2b10d31
 def vqgan_param_counts(cfg: VQGANConfig) -> dict:
     "Parameter counts of the encoder, decoder, codebook + 1×1 convs, and total, from an abstract model."
-    m = nnx.eval_shape(lambda: VQGAN(cfg, rngs=nnx.Rngs(0)))
+    m = abstract_module(lambda: VQGAN(cfg, rngs=nnx.Rngs(0)))
     count = lambda mod: 0 if mod is None else sum(int(np.prod(v.shape)) for v in jax.tree.leaves(nnx.state(mod, nnx.Param)))
     out = {"encoder": count(m.encoder), "decoder": count(m.decoder)}
     out["quantizer"] = sum(count(getattr(m, k)) for k in ("quantize", "quant_conv", "post_quant_conv", "quantize_color", "post_color_conv"))
