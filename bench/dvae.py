@@ -1,6 +1,6 @@
 """The DALL·E paper's discrete VAE against the shipped VQGAN, as image tokenizers of the shapes data.
 
-Trains the `tiny` dVAE (64×64 → 8×8 codes of 1024, the shipped VQGAN's grid) with `dalle_nb.train_dalle.train_dvae` —
+Trains the `tiny` dVAE (64×64 → 8×8 codes of 1024, the shipped VQGAN's grid) with the `dvae` stage (`dalle_nb.train_dalle.DVAE_STAGE`) —
 the stage `dalle-nb train --set image_tokenizer=dvae` runs — then measures both tokenizers on the same validation
 images: PSNR of decode(encode(x)) through hard codes, how many of the codes the images use (and the perplexity of their
 use), and how often the shapes checker still accepts the round-tripped image. Writes JSON, a markdown table and a
@@ -52,7 +52,8 @@ def main(argv=None):
     from dalle_nb.config import get_config
     from dalle_nb.shapes import make_split
     from dalle_nb.modeldir import load_models
-    from dalle_nb.train_dalle import train_dvae
+    from dalle_nb.stages import StageRun, train_stage
+    from dalle_nb.train_dalle import DVAE_STAGE
     from dalle_nb.images import image_grid, save_png
 
     sets = ["image_tokenizer=dvae", "arch=dalle"] + ([f"dvae_train.steps={a.steps}"] if a.steps else []) + a.set
@@ -60,7 +61,7 @@ def main(argv=None):
     t0 = time.perf_counter()
     images, _ = make_split("train", cfg.data.n_train, cfg.data.seed)
     val_images, val_captions = make_split("val", a.n_val, cfg.data.seed)
-    dvae, hist = train_dvae(cfg, a.workdir, images, val_images, progress=True)
+    dvae, hist = train_stage(DVAE_STAGE, StageRun("dvae", cfg, Path(a.workdir), images=images, val_images=val_images))
     minutes = (time.perf_counter() - t0) / 60
     vqgan = load_models(a.vqgan).vqgan
     rows, recs = {}, {}

@@ -36,7 +36,8 @@ def main(argv=None):
     from dalle_nb.config import StageConfig, get_config
     from dalle_nb.modeldir import load_models
     from dalle_nb.shapes import make_split
-    from dalle_nb.train import encode_dataset, make_train_step
+    from dalle_nb.train import make_train_step
+    from dalle_nb.stages import encode_dataset
     from dalle_nb.data import Batches
     from dalle_nb.bart import DalleBart, bart_loss
     from dalle_nb.optim import make_optimizer

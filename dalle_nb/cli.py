@@ -35,7 +35,7 @@ def cmd_train(a) -> int:
         if a.mesh is not None: parse_mesh(a.mesh)
     except ValueError as e: raise UsageError(str(e)) from None
     from dalle_nb.config import get_config
-    from dalle_nb.train import train_all, STAGES, TrainSetupError
+    from dalle_nb.recipe import train_all, STAGES, TrainSetupError
     stages = tuple(a.stages.split(",")) if a.stages else STAGES
     bad = set(stages) - set(STAGES)
     if bad: raise UsageError(f"--stages: unknown stage(s) {sorted(bad)}; choose from {','.join(STAGES)}")
@@ -287,7 +287,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--quiet", action="store_true", help="no progress bar")
     g.set_defaults(func=cmd_generate)
     t = sub.add_parser("train", help="train VQGAN, BART and CLIP into a model directory")
-    t.add_argument("--preset", default="tiny")
+    t.add_argument("--preset", default="tiny", help="tiny (small, for trying things), shapes (the shipped model's recipe), mini, mega, dalle")
     t.add_argument("--workdir", required=True, help="checkpoints, logs, and the model directory (workdir/model)")
     t.add_argument("--set", action="append", metavar="SECTION.FIELD=VALUE", help="override a config field (repeatable)")
     t.add_argument("--stages", default=None, help="comma-separated subset of vqgan,dvae,decoder,bart,dalle,clip (default: all of the config's)")

@@ -239,6 +239,7 @@ class StageConfig:
     warmup_steps: int = 100
     decay: str = "cosine"             # cosine | constant
     min_lr_ratio: float = 0.1
+    extended_from: tuple = ()         # `steps` of earlier runs this one extends: each keeps its own schedule to its end
     optimizer: str = "adam"           # adam | adafactor | shampoo
     b1: float = 0.9
     b2: float = 0.99
@@ -267,6 +268,8 @@ class StageConfig:
         if self.decay not in ("cosine", "constant"): raise ValueError(f"StageConfig: decay must be 'cosine' or 'constant', got {self.decay!r}")
         if not 0 <= self.blank_caption_prob <= 1: raise ValueError(f"StageConfig: blank_caption_prob={self.blank_caption_prob} is not in [0, 1]")
         if self.steps < 0 or self.batch_size < 1 or self.grad_accum < 1: raise ValueError("StageConfig: steps >= 0, batch_size >= 1 and grad_accum >= 1 are required")
+        if list(self.extended_from) != sorted(set(self.extended_from)) or any(not 0 < n < self.steps for n in self.extended_from):
+            raise ValueError(f"StageConfig: extended_from={self.extended_from} must rise, each between 0 and steps={self.steps}")
         for part in (p.strip() for p in self.mesh.split(",") if p.strip()):
             axis, eq, size = (t.strip() for t in part.partition("="))
             if axis not in ("dp", "fsdp", "mp") or not eq or not (size == "-1" or size.isdigit()):
@@ -462,7 +465,15 @@ PRESETS = {
     "mini": lambda: _published("mini", 1024, 12, 16, 2730, 50264, 16384),
     "mega": lambda: _published("mega", 2048, 24, 32, 4096, 50272, 16415),
     "dalle": lambda: _paper_dalle(),
+    "shapes": lambda: _shapes(),
 }
+
+def _shapes():
+    "The shipped model's recipe: `tiny` with a factored VQGAN (64 outline + 16 colour codes, 128 tokens) and longer stages."
+    sets = ["vqgan.n_embed=64", "vqgan.color_codes=16", "vqgan.attn_resolutions=", "vqgan.restart_until=400",
+            "bart.image_codes=80", "bart.image_vocab=80", "bart.image_len=128", "data.n_train=160000",
+            "decoder_train.steps=4000", "bart_train.steps=3500", "bart_train.extended_from=1500"]   # the BART ran 1500 steps, then resumed to 3500
+    return replace(override(PRESETS["tiny"](), sets), name="shapes")
 
 def get_config(preset: str = "tiny", overrides=()) -> RunConfig:
     "The named preset with `section.field=value` overrides applied."

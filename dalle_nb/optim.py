@@ -16,13 +16,23 @@ from .config import StageConfig
 __all__ = ['OPTIMIZERS', 'lr_schedule', 'decay_mask', 'make_optimizer']
 
 # %% ../nbs/09_optim.ipynb #1e7b4766
-def lr_schedule(cfg: StageConfig) -> optax.Schedule:
-    "Linear warm-up from 0 to `cfg.lr` over `warmup_steps`, then constant or cosine decay to `min_lr_ratio * lr`."
+def _one_run(cfg: StageConfig, steps: int) -> optax.Schedule:
     warm = max(int(cfg.warmup_steps), 0)
     rise = optax.linear_schedule(0.0, cfg.lr, warm) if warm else optax.constant_schedule(cfg.lr)
     if cfg.decay == "constant": after = optax.constant_schedule(cfg.lr)
-    else: after = optax.cosine_decay_schedule(cfg.lr, max(cfg.steps - warm, 1), alpha=cfg.min_lr_ratio)
+    else: after = optax.cosine_decay_schedule(cfg.lr, max(steps - warm, 1), alpha=cfg.min_lr_ratio)
     return optax.join_schedules([rise, after], [warm])
+
+def lr_schedule(cfg: StageConfig) -> optax.Schedule:
+    "Linear warm-up from 0 to `cfg.lr` over `warmup_steps`, then constant or cosine decay to `min_lr_ratio * lr`; before each of `extended_from`'s lengths, a run that long's schedule."
+    final = _one_run(cfg, cfg.steps)
+    if not cfg.extended_from: return final
+    earlier = [(n, _one_run(cfg, n)) for n in cfg.extended_from]
+    def schedule(count):
+        lr = final(count)
+        for n, s in reversed(earlier): lr = jnp.where(count < n, s(count), lr)
+        return lr
+    return schedule
 
 # %% ../nbs/09_optim.ipynb #661d93bd
 def decay_mask(params):

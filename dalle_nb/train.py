@@ -1,4 +1,4 @@
-"""One sharded, jitted step for any loss, optimiser and mesh; one loop with progress bars, evaluation and orbax checkpoints that survive `kill -9`; and the stages that make the shipped model: VQGAN, BART, CLIP.
+"""The engine every stage trains with: one sharded, jitted step for any loss, optimiser and mesh; one loop with progress bars, evaluation and orbax checkpoints that survive `kill -9`.
 
 Docs: https://dalle-nb.github.io/dalle_nb/train.html.md"""
 
@@ -6,8 +6,7 @@ Docs: https://dalle-nb.github.io/dalle_nb/train.html.md"""
 
 # %% ../nbs/11_train.ipynb #64d5c6df
 from __future__ import annotations
-import contextlib, json, math, os, time
-from functools import partial
+import contextlib, json, time
 from pathlib import Path
 from typing import Any, Callable, NamedTuple
 import numpy as np
@@ -19,17 +18,15 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from jax.experimental import multihost_utils
 from flax.core import spmd as flax_spmd
 from tqdm.auto import tqdm
-from .config import RunConfig, StageConfig, save_config, to_dict
+from .config import StageConfig, to_dict
 from .sharding import (RULES, make_mesh, mesh_from_spec, state_shardings, batch_sharding, global_batch, place,
-                               is_primary, to_host, sharded_init)
-from .optim import make_optimizer, lr_schedule
+                               is_primary)
+from .optim import lr_schedule
 from .shampoo import ShampooState, opt_state_shardings as shampoo_state_shardings
-from .data import Batches, blank_captions, encode_images
 
 # %% auto #0
-__all__ = ['STAGES', 'TrainState', 'opt_state_shardings', 'TrainStep', 'make_sharded_train_step', 'make_train_step',
-           'Checkpointer', 'fit', 'plot_history', 'restart_steps', 'train_vqgan', 'train_decoder', 'encode_dataset',
-           'train_bart', 'hard_negatives', 'reconstruct', 'train_clip', 'stages_for', 'TrainSetupError', 'train_all']
+__all__ = ['TrainState', 'opt_state_shardings', 'TrainStep', 'make_sharded_train_step', 'make_train_step', 'Checkpointer', 'fit',
+           'plot_history']
 
 # %% ../nbs/11_train.ipynb #4f63824b
 class TrainState(NamedTuple):
@@ -215,7 +212,7 @@ class Checkpointer:
     def close(self): self.manager.close()
 
 # %% ../nbs/11_train.ipynb #770e92bb
-_RESUMABLE = ("steps", "log_every", "eval_every", "ckpt_every", "mesh")   # stage fields a resumed run may change
+_RESUMABLE = ("steps", "extended_from", "log_every", "eval_every", "ckpt_every", "mesh")   # stage fields a resumed run may change
 
 def _stage_key(cfg: StageConfig) -> dict:
     "The stage settings a checkpoint must share with the run that resumes it."
@@ -323,252 +320,3 @@ def plot_history(history: list[dict], keys=("loss", "val_loss"), title: str = ""
         if pts: ax.plot(*zip(*pts), marker="." if k.startswith("val_") else None, label=k)
     ax.set_xlabel("step"); ax.set_yscale("log"); ax.legend(); ax.set_title(title); ax.grid(alpha=0.3)
     return ax
-
-# %% ../nbs/11_train.ipynb #17bb6af0
-from .shapes import make_split, corrupt_caption, parse_caption, HELD_OUT
-from .images import to_float, to_uint8
-from .text import TextEncoder, train_tokenizer
-from .vqgan import VQGAN, vqgan_loss, decoder_loss, init_codebook, restart_dead_codes, psnr
-from .bart import DalleBart, bart_loss
-from .clip import CLIP, clip_loss
-from .modeldir import Models, save_models, load_models
-
-def _floats(batch):
-    "uint8 image batches become [0, 1] floats on the device (inside the jitted step)."
-    return jnp.asarray(batch, jnp.float32) / 255.0
-
-def restart_steps(until: int, steps: int, every: int = 100) -> list[int]:
-    "The steps after which the VQGAN's dead codes are re-seeded: every `every` before `until` (negative: `steps + until`)."
-    stop = until if until >= 0 else steps + until
-    return list(range(every, min(stop, steps), every))
-
-def train_vqgan(cfg: RunConfig, workdir, images, val_images, progress: bool = True):
-    "Stage 1: the VQGAN on uint8 `images`; dead codes re-seeded every 100 steps before `cfg.vqgan.restart_until`. Returns `(model, history)`."
-    sc = cfg.vqgan_train
-    model = VQGAN(cfg.vqgan, rngs=nnx.Rngs(sc.seed))
-    init_codebook(model, to_float(images[:max(256, sc.batch_size)]), jax.random.key(sc.seed))
-    mesh = mesh_from_spec(sc.mesh)
-    val = to_float(val_images[:256])
-    @nnx.jit
-    def _evaluate(m, val):        # `val` an argument, not a constant XLA would try to fold
-        ids = m.encode(val)
-        return {"psnr": psnr(m.decode(ids), val), "codes_used": jnp.unique(ids, size=cfg.vqgan.n_codes, fill_value=-1).__ge__(0).sum()}
-    evaluate = lambda m: _evaluate(m, val)
-    when = set(restart_steps(cfg.vqgan.restart_until, sc.steps))
-    def restart(s, m, batch):
-        if s in when: restart_dead_codes(m, _floats(batch["image"]), jax.random.key(s))
-    hist = fit(model, make_optimizer(sc), lambda m, b, k: vqgan_loss(m, _floats(b["image"])),
-               Batches.on_mesh({"image": images}, sc.batch_size, mesh, seed=sc.seed), sc, mesh=mesh,
-               workdir=Path(workdir) / "vqgan", eval_fn=evaluate, desc="vqgan", progress=progress, hooks=[restart])
-    return model, hist
-
-def _frozen_except(prefixes, tx):
-    "`tx` for parameters whose path starts with one of `prefixes`; every other parameter's update is zero."
-    def labels(params):
-        return jax.tree_util.tree_map_with_path(
-            lambda path, _: "train" if getattr(path[0], "key", None) in prefixes else "frozen", params)
-    return optax.multi_transform({"train": tx, "frozen": optax.set_to_zero()}, labels)
-
-def train_decoder(cfg: RunConfig, workdir, vqgan: VQGAN, images, val_images, progress: bool = True):
-    "Stage 1b: fine-tune `vqgan`'s decoder on its frozen codes (encoder and codebook untouched). Returns `(model, history)`."
-    sc = cfg.decoder_train
-    tx = _frozen_except(("decoder", "post_quant_conv", "post_color_conv"), make_optimizer(sc))
-    mesh = mesh_from_spec(sc.mesh)
-    val = to_float(val_images[:256])
-    _evaluate = nnx.jit(lambda m, v: {"psnr": psnr(m.decode(m.encode(v)), v)})
-    evaluate = lambda m: _evaluate(m, val)
-    hist = fit(vqgan, tx, lambda m, b, k: decoder_loss(m, _floats(b["image"])),
-               Batches.on_mesh({"image": images}, sc.batch_size, mesh, seed=sc.seed), sc, mesh=mesh,
-               workdir=Path(workdir) / "decoder", eval_fn=evaluate, desc="decoder", progress=progress)
-    return vqgan, hist
-
-# %% ../nbs/11_train.ipynb #9b114e90
-def encode_dataset(vqgan: VQGAN, images, cache=None, progress: bool = True) -> np.ndarray:
-    "VQGAN token ids `[N, image_len]` of uint8 `images`, read from/written to the `.npy` file `cache` if given (one process only)."
-    if jax.process_count() > 1: cache = None     # every process encodes: the encoder is one program over all of them
-    if cache is not None and Path(cache).exists():
-        ids = np.load(cache)
-        if len(ids) == len(images): return ids
-    enc = nnx.jit(lambda m, x: m.encode(jnp.asarray(x, jnp.float32) / 255.0))
-    ids = encode_images(lambda x: enc(vqgan, x), images, batch_size=256, desc="tokenizing images", progress=progress)
-    if cache is not None:
-        Path(cache).parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(cache).with_suffix(".tmp.npy")
-        np.save(tmp, ids); tmp.replace(cache)          # a reader never sees half a file
-    return ids
-
-def train_bart(cfg: RunConfig, workdir, vqgan: VQGAN, text: TextEncoder, images, captions, val_images, val_captions,
-               progress: bool = True, data=None):
-    "Stage 2: the BART on (caption ids, image tokens) pairs, with caption blanking — or streamed from token shards `data`. Returns `(model, history)`."
-    sc, workdir = cfg.bart_train, Path(workdir)
-    if data: return _train_bart_on_shards(cfg, workdir, text, data, progress)
-    data = {"text": text(captions), "image": encode_dataset(vqgan, images, workdir / "tokens_train.npy", progress)}
-    val = {"text": jnp.asarray(text(val_captions[:256])), "image": jnp.asarray(encode_dataset(vqgan, val_images[:256], None, False))}
-    blank = jnp.asarray(text.blank(1)[0])
-    mesh = mesh_from_spec(sc.mesh)
-    model = sharded_init(lambda: DalleBart(cfg.bart, rngs=nnx.Rngs(sc.seed)), mesh)   # made in place on the mesh, never whole
-    def loss_fn(m, b, k):
-        return bart_loss(m, blank_captions(b["text"], blank, sc.blank_caption_prob, k), b["image"])
-    evaluate = nnx.jit(lambda m: bart_loss(m, val["text"], val["image"])[1])
-    hist = fit(model, make_optimizer(sc), loss_fn, Batches.on_mesh(data, sc.batch_size, mesh, seed=sc.seed), sc, mesh=mesh,
-               workdir=workdir / "bart", eval_fn=evaluate, desc="bart", progress=progress)
-    return model, hist
-
-# %% ../nbs/11_train.ipynb #e8c8a350
-def _train_bart_on_shards(cfg: RunConfig, workdir: Path, text: TextEncoder, data, progress: bool = True):
-    "The BART stage on token shards (`dalle_nb.dataset.TokenLoader`), each process reading its own rows."
-    from dalle_nb.dataset import TokenLoader                 # floor 3; imported only when shards are used
-    sc = cfg.bart_train
-    mesh = mesh_from_spec(sc.mesh)
-    batches = TokenLoader.on_mesh([str(d) for d in data], sc.batch_size, mesh, text, seed=sc.seed, blank_prob=sc.blank_caption_prob)
-    first = next(batches); batches.restore({**batches.state(), "step": batches.step - 1})
-    if first["image"].shape[1] != cfg.bart.image_len:
-        raise TrainSetupError(f"--data {', '.join(map(str, data))}: the shards hold {first['image'].shape[1]} tokens per image, "
-                              f"but bart.image_len is {cfg.bart.image_len}")
-    model = DalleBart(cfg.bart, rngs=nnx.Rngs(sc.seed))
-    hist = fit(model, make_optimizer(sc), lambda m, b, k: bart_loss(m, b["text"], b["image"]), batches, sc, mesh=mesh,
-               workdir=workdir / "bart", desc="bart", progress=progress)
-    return model, hist
-
-# %% ../nbs/11_train.ipynb #84918e5d
-def hard_negatives(captions, seed: int = 0, exclude=HELD_OUT) -> list[str]:
-    "For each caption, a copy with one attribute (colour, shape, size or relation; cycling) changed, never into an `exclude` pair."
-    rng, kinds, out = np.random.default_rng(seed), ("color", "shape", "relation", "size"), []
-    for i, c in enumerate(captions):
-        neg = None
-        for j in range(4):
-            neg = corrupt_caption(c, rng, kinds[(i + j) % 4], exclude)
-            if neg is not None: break
-        out.append(neg)
-    return out
-
-def reconstruct(vqgan: VQGAN, ids, batch_size: int = 256, progress: bool = True) -> np.ndarray:
-    "uint8 images the VQGAN decodes from token ids `[N, image_len]`: what sampled pictures look like."
-    dec = nnx.jit(lambda m, t: m.decode(t))
-    n, out = len(ids), []
-    for i in tqdm(range(0, n, batch_size), desc="decoding tokens", disable=not progress, leave=False):
-        chunk = np.asarray(ids[i:i + batch_size])
-        pad = batch_size - len(chunk) if n > batch_size else 0    # one compiled shape
-        if pad: chunk = np.concatenate([chunk, np.repeat(chunk[-1:], pad, 0)])
-        x = to_uint8(to_host(dec(vqgan, jnp.asarray(chunk))))
-        out.append(x[:len(x) - pad] if pad else x)
-    return np.concatenate(out)
-
-def train_clip(cfg: RunConfig, workdir, text: TextEncoder, images, captions, val_images, val_captions, progress: bool = True,
-               vqgan: VQGAN | None = None):
-    "Stage 3: CLIP on (image, caption) pairs with hard negatives — on `vqgan`'s reconstructions if given. Returns `(model, history)`."
-    sc = cfg.clip_train
-    if vqgan is not None:
-        images = reconstruct(vqgan, encode_dataset(vqgan, images, Path(workdir) / "tokens_train.npy", progress), progress=progress)
-        val_images = reconstruct(vqgan, encode_dataset(vqgan, val_images[:256], None, False), progress=False)
-    clip_text = TextEncoder(text.tokenizer, cfg.clip.text_len)
-    data = {"image": images, "text": clip_text(captions), "neg": clip_text(hard_negatives(captions, sc.seed))}
-    vx = to_float(val_images[:256])
-    vt, vn = clip_text(val_captions[:256]), clip_text(hard_negatives(val_captions[:256], sc.seed + 1))
-    mesh = mesh_from_spec(sc.mesh)
-    model = sharded_init(lambda: CLIP(cfg.clip, rngs=nnx.Rngs(sc.seed)), mesh)
-    evaluate = nnx.jit(lambda m: clip_loss(m, vx, vt, vn)[1])
-    hist = fit(model, make_optimizer(sc), lambda m, b, k: clip_loss(m, _floats(b["image"]), b["text"], b["neg"]),
-               Batches.on_mesh(data, sc.batch_size, mesh, seed=sc.seed), sc, mesh=mesh, workdir=Path(workdir) / "clip",
-               eval_fn=evaluate, desc="clip", progress=progress)
-    return model, hist
-
-# %% ../nbs/11_train.ipynb #6a1c9418
-STAGES = ("vqgan", "dvae", "decoder", "bart", "dalle", "clip")
-
-def stages_for(cfg: RunConfig) -> tuple:
-    "The stages of a run with `cfg`: its image tokenizer's (VQGAN + decoder fine-tune, or dVAE), its transformer's, CLIP."
-    tok = ("vqgan", "decoder") if cfg.image_tokenizer == "vqgan" else ("dvae",)
-    return tuple(s for s in STAGES if s in tok + (cfg.arch, "clip"))
-
-def _models_of(cfg: RunConfig) -> set:
-    "The stages that build one of `cfg`'s models from scratch."
-    return {cfg.image_tokenizer, cfg.arch, "clip"}
-
-def _card(cfg: RunConfig, hists: dict, seconds: dict, command: str, prev: str = "") -> str:
-    "Model card: every command that built the model (oldest first) and one row per stage; rows of stages not retrained are kept from `prev`."
-    stages = STAGES
-    def widen(row):                      # rows of cards written before the optimizer column: optimizer unknown
-        cells = row.split("|")
-        return row if len(cells) == 9 else "|".join(cells[:4] + [" — "] + cells[4:])
-    old_rows = {l.split("|")[1].strip(): widen(l) for l in prev.splitlines() if l.startswith("| ") and l.split("|")[1].strip() in stages}
-    old_cmds = [l for l in prev.splitlines() if l.startswith("- `")]
-    old_cmds += [f"- {l[len('Command: '):]} → {', '.join(s for s in stages if s in old_rows)}" for l in prev.splitlines() if l.startswith("Command: ")]
-    lines = [f"# dalle_nb model `{cfg.name}`", "", "Trained by this package on its embedded shapes dataset "
-             f"({cfg.data.n_train:,} training images, seed {cfg.data.seed}).", "", "Made by, in order:", "",
-             *old_cmds, f"- `{command}` → {', '.join(hists)}", "",
-             "| stage | steps | batch | optimizer | minutes | final train loss | final validation metrics |", "|---|---|---|---|---|---|---|"]
-    for stage in stages:
-        if stage not in hists:
-            if stage in old_rows: lines.append(old_rows[stage])
-            continue
-        sc, h = getattr(cfg, f"{stage}_train"), hists[stage]
-        last = h[-1] if h else {}
-        val = ", ".join(f"{k[4:]} {v:.4g}" for k, v in last.items() if k.startswith("val_"))
-        lines.append(f"| {stage} | {sc.steps} | {sc.batch_size} | {sc.optimizer} | {seconds.get(stage, 0) / 60:.1f} | {last.get('loss', float('nan')):.4f} | {val} |")
-    return "\n".join(lines) + "\n"
-
-# %% ../nbs/11_train.ipynb #c1943b08
-class TrainSetupError(ValueError):
-    "A request `train_all` refuses before training anything (unknown stage, missing or mismatched earlier stages)."
-
-def train_all(cfg: RunConfig, workdir, stages=None, progress: bool = True, command: str = "", data=None) -> Path:
-    "Train the tokenizer and the requested stages (default: all of `cfg`'s); write (or update) the model directory `workdir/model` (process 0 writes). `data`: token shard directories for the BART stage."
-    workdir = Path(workdir); workdir.mkdir(parents=True, exist_ok=True)
-    out = workdir / "model"
-    stages = stages_for(cfg) if stages is None else tuple(stages)
-    bad = set(stages) - set(STAGES)
-    if bad: raise TrainSetupError(f"unknown stage(s) {sorted(bad)}; choose from {','.join(STAGES)}")
-    other = set(stages) - set(stages_for(cfg))
-    if other and set(stages) != set(STAGES):     # all of STAGES = "everything this config has"
-        raise TrainSetupError(f"stage(s) {', '.join(sorted(other))} do not belong to a run with arch={cfg.arch}, image_tokenizer={cfg.image_tokenizer}; "
-                              f"its stages are {','.join(stages_for(cfg))}")
-    stages = tuple(s for s in stages if s in stages_for(cfg))
-    if data and set(stages) != {"bart"}:
-        raise TrainSetupError(f"--data streams token shards to the bart stage only: add --stages bart (stages now: {','.join(stages)})")
-    needed = _models_of(cfg)
-    partial = not needed <= set(stages)
-    prev = load_models(out) if partial and (out / "config.json").exists() else None
-    if prev is not None:
-        missing = [s for s in needed - set(stages) if getattr(prev, s) is None]
-        if missing: raise TrainSetupError(f"the existing model in {out} has no {', '.join(sorted(missing))}: train {'those stages' if len(missing) > 1 else 'that stage'} too")
-        changed = [s for s in needed - set(stages) if getattr(prev.cfg, s) != getattr(cfg, s)]
-        if changed: raise TrainSetupError(f"the existing model in {out} was built with other {', '.join(changed)} settings: retrain those stages too")
-    elif partial:
-        raise TrainSetupError(f"--stages {','.join(stages)} needs the other stages' models in {out}: train all stages first")
-    d = cfg.data
-    images, captions = make_split("train", d.n_train, d.seed) if not data else (None, None)
-    val_images, val_captions = make_split("val", d.n_val, d.seed) if not data else (None, None)
-    text = prev.text if prev is not None else TextEncoder(train_tokenizer(captions, vocab_size=min(cfg.text_vocab, cfg.clip.text_vocab)), cfg.text_len)
-    if text.max_len != cfg.text_len: text = TextEncoder(text.tokenizer, cfg.text_len, normalizer=text.normalizer)   # the other architecture's length
-    hists, seconds = {}, {}
-    names = ("vqgan", "bart", "clip", "dvae", "dalle")
-    m = {n: getattr(prev, n) if prev is not None else None for n in names}
-    for stage in STAGES:
-        if stage not in stages or (stage == "decoder" and cfg.decoder_train.steps == 0): continue
-        t0 = time.perf_counter()
-        tokenizer = m[cfg.image_tokenizer]
-        if stage == "vqgan": m["vqgan"], hists[stage] = train_vqgan(cfg, workdir, images, val_images, progress)
-        if stage == "decoder": m["vqgan"], hists[stage] = train_decoder(cfg, workdir, m["vqgan"], images, val_images, progress)
-        if stage == "bart": m["bart"], hists[stage] = train_bart(cfg, workdir, tokenizer, text, images, captions, val_images, val_captions, progress, data=data)
-        if stage in ("dvae", "dalle"):
-            from dalle_nb import train_dalle as td      # the next notebook (same floor), imported when a run needs it
-            if stage == "dvae": m["dvae"], hists[stage] = td.train_dvae(cfg, workdir, images, val_images, progress)
-            else: m["dalle"], hists[stage] = td.train_dalle(cfg, workdir, tokenizer, text, images, captions, val_images, val_captions, progress)
-        if stage == "clip": m["clip"], hists[stage] = train_clip(cfg, workdir, text, images, captions, val_images, val_captions, progress, tokenizer)
-        seconds[stage] = time.perf_counter() - t0
-        if is_primary(): (workdir / f"history_{stage}.json").write_text(json.dumps(hists[stage]))
-    m = {n: _on_host(v) for n, v in m.items()}
-    models = Models(cfg, text, m["vqgan"], m["bart"], m["clip"], dvae=m["dvae"], dalle=m["dalle"],
-                    clip_text=prev.clip_text if prev is not None else None)
-    if is_primary():
-        save_models(out, models, card=_card(cfg, hists, seconds, command or f"train_all(get_config({cfg.name!r}), ...)",
-                                            prev.card if prev is not None else ""))
-    _sync("model-directory-written")
-    return out
-
-def _on_host(module):
-    "`module` with its arrays copied to the host when they are spread over several processes (a collective)."
-    if module is None or jax.process_count() == 1: return module
-    nnx.update(module, jax.tree.map(to_host, nnx.state(module)))
-    return module

@@ -6,58 +6,35 @@ Docs: https://dalle-nb.github.io/dalle_nb/train_dalle.html.md"""
 
 # %% ../nbs/11b_train_dalle.ipynb #f58ffbe7
 from __future__ import annotations
-from pathlib import Path
-import numpy as np
-import jax, jax.numpy as jnp
+import jax.numpy as jnp
 from flax import nnx
-from .config import RunConfig
-from .sharding import mesh_from_spec
-from .optim import make_optimizer
-from .data import Batches, blank_captions
-from .text import TextEncoder
+from .sharding import sharded_init
 from .images import to_float
 from .vqgan import psnr
 from .dvae import DVAE, dvae_loss
 from .dalle import DalleTransformer, dalle_loss
-from .train import fit, encode_dataset, _floats
+from .stages import Stage, image_floats, image_batches, token_stage
 
 # %% auto #0
-__all__ = ['train_dvae', 'train_dalle']
+__all__ = ['DVAE_STAGE', 'DALLE_STAGE']
 
 # %% ../nbs/11b_train_dalle.ipynb #abb3ea3b
 def _codes_used(ids, n: int):
     "How many distinct ids appear (as a device scalar; `n` bounds the count for a static shape)."
     return (jnp.unique(ids, size=n, fill_value=-1) >= 0).sum()
 
-def train_dvae(cfg: RunConfig, workdir, images, val_images, progress: bool = True):
-    "The dVAE stage on uint8 `images` (temperature and KL schedules from `cfg.dvae`). Returns `(model, history)`."
-    sc = cfg.dvae_train
-    model = DVAE(cfg.dvae, rngs=nnx.Rngs(sc.seed))
-    mesh = mesh_from_spec(sc.mesh)
-    val = to_float(val_images[:256])
+def _dvae_evaluate(run):
+    val, n = to_float(run.val_images[:256]), run.cfg.dvae.vocab_size
     @nnx.jit
-    def evaluate(m):
+    def evaluate(m, val):
         ids = m.encode(val)
-        return {"psnr": psnr(m.decode(ids), val), "codes_used": _codes_used(ids, cfg.dvae.vocab_size)}
-    loss_fn = lambda m, b, k: dvae_loss(m, _floats(b["image"]), k, advance=1.0 / sc.grad_accum)
-    hist = fit(model, make_optimizer(sc), loss_fn, Batches.on_mesh({"image": images}, sc.batch_size, mesh, seed=sc.seed), sc,
-               mesh=mesh, workdir=Path(workdir) / "dvae", eval_fn=evaluate, desc="dvae", progress=progress)
-    return model, hist
+        return {"psnr": psnr(m.decode(ids), val), "codes_used": _codes_used(ids, n)}
+    return lambda m: evaluate(m, val)
+
+DVAE_STAGE = Stage("dvae", lambda run: sharded_init(lambda: DVAE(run.cfg.dvae, rngs=nnx.Rngs(run.sc.seed)), run.mesh),
+                   image_batches,
+                   lambda run: lambda m, b, k: dvae_loss(m, image_floats(b["image"]), k, advance=1.0 / run.sc.grad_accum),
+                   _dvae_evaluate)
 
 # %% ../nbs/11b_train_dalle.ipynb #42b02459
-def train_dalle(cfg: RunConfig, workdir, tokenizer, text: TextEncoder, images, captions, val_images, val_captions,
-                progress: bool = True):
-    "The DALL·E transformer stage on (caption ids, image tokens of `tokenizer`) pairs, with caption blanking. Returns `(model, history)`."
-    sc, workdir = cfg.dalle_train, Path(workdir)
-    if text.max_len != cfg.dalle.text_len: raise ValueError(f"train_dalle: the text encoder pads to {text.max_len} tokens, the model reads {cfg.dalle.text_len}")
-    data = {"text": text(captions), "image": encode_dataset(tokenizer, images, workdir / "tokens_train.npy", progress)}
-    val = {"text": jnp.asarray(text(val_captions[:256])), "image": jnp.asarray(encode_dataset(tokenizer, val_images[:256], None, False))}
-    blank = jnp.asarray(text.blank(1)[0])
-    model = DalleTransformer(cfg.dalle, rngs=nnx.Rngs(sc.seed))
-    def loss_fn(m, b, k):
-        return dalle_loss(m, blank_captions(b["text"], blank, sc.blank_caption_prob, k), b["image"])
-    evaluate = nnx.jit(lambda m: dalle_loss(m, val["text"], val["image"])[1])
-    mesh = mesh_from_spec(sc.mesh)
-    hist = fit(model, make_optimizer(sc), loss_fn, Batches.on_mesh(data, sc.batch_size, mesh, seed=sc.seed), sc, mesh=mesh,
-               workdir=workdir / "dalle", eval_fn=evaluate, desc="dalle", progress=progress)
-    return model, hist
+DALLE_STAGE = token_stage("dalle", DalleTransformer, dalle_loss)

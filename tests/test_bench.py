@@ -1,0 +1,73 @@
+"""Every script in bench/ runs against the shipped model at its smallest and answers --help.
+
+These are smoke tests: they check that each script still works and writes the results its BENCHMARKS.md section cites,
+never what the numbers are (speed and quality are measured by the scripts, not asserted here). `generate.py` and
+`progressive.py` have theirs beside the code they measure (tests/test_peers.py, tests/test_pipeline.py).
+"""
+import json, subprocess, sys
+from pathlib import Path
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPTS = sorted(p.stem for p in (ROOT / "bench").glob("*.py"))
+
+
+def run(script: str, *args, timeout: int = 600) -> subprocess.CompletedProcess:
+    r = subprocess.run([sys.executable, str(ROOT / "bench" / f"{script}.py"), *map(str, args)], capture_output=True, text=True,
+                       timeout=timeout, cwd=ROOT)
+    assert r.returncode == 0, f"bench/{script}.py {' '.join(map(str, args))}:\n{r.stdout[-2000:]}\n{r.stderr[-3000:]}"
+    return r
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_answers_help(script):
+    out = run(script, "--help", timeout=120).stdout
+    assert out.startswith("usage:") and "--" in out
+
+
+# Not there yet (issue 20): peer_errors.py prints the measurements tests/test_peers.py makes, by importing it
+NOT_YET = {"peer_errors.py"}
+
+
+def test_imports_only_public_names():
+    "A script reads the package as a user would: no private names, no reaching into tests/ or other scripts."
+    import ast
+    for p in (ROOT / "bench").glob("*.py"):
+        if p.name in NOT_YET: continue
+        for n in ast.walk(ast.parse(p.read_text())):
+            if isinstance(n, ast.ImportFrom) and (n.module or "").startswith("dalle_nb"):
+                private = [a.name for a in n.names if a.name.startswith("_")]
+                assert not private and not any(part.startswith("_") for part in n.module.split(".")), f"{p.name}: {n.module} {private}"
+            if isinstance(n, (ast.Import, ast.ImportFrom)):
+                names = [n.module or ""] if isinstance(n, ast.ImportFrom) else [a.name for a in n.names]
+                assert not any(m.split(".")[0] in ("tests", "bench") or m.startswith("test_") for m in names), f"{p.name} imports {names}"
+        assert "sys.path.insert" not in p.read_text(), p.name
+
+
+def test_quality_runs(tmp_path):
+    run("quality", "--prompts", 1, "--n", 2, "--scales", 2, "--out", tmp_path)
+    res = json.loads((tmp_path / "quality.json").read_text())
+    assert [r["cond_scale"] for r in res["rows"]] == [2.0] * 3 and set(res["vqgan_roundtrip_accuracy"]) == {"one", "two", "heldout"}
+    assert all(0 <= r["first"] <= 1 and r["prompts"] == 1 for r in res["rows"]) and (tmp_path / "quality.png").stat().st_size > 0
+
+
+def test_data_runs(tmp_path):
+    run("data", "--shapes", 16, "--photos", 2, "--batch", 8, "--rows", 2000, "--shard-rows", 1000, "--loader-batch", 16,
+        "--loader-steps", 4, "--out", tmp_path)
+    res = json.loads((tmp_path / "data.json").read_text())
+    assert res and all(v is not None for v in res.values())
+
+
+def test_dvae_runs(tmp_path):
+    run("dvae", "--steps", 2, "--n-val", 16, "--workdir", tmp_path / "work", "--out", tmp_path / "out")
+    res = json.loads((tmp_path / "out" / "dvae.json").read_text())
+    assert len(res["rows"]) == 2 and (tmp_path / "out" / "dvae.md").exists()
+
+
+@pytest.mark.xfail(strict=True, reason="found by this test: at these sizes the Shampoo run stops with XLA's 'Attempt to "
+                   "donate the same buffer twice' (make_train_step + Shampoo state); not fixed yet (issue 20)")
+def test_optimizers_runs(tmp_path):
+    run("optimizers", "--steps", 2, "--batch", 8, "--n-train", 64, "--adam-lrs", "1e-3", "--shampoo-lrs", "1e-3",
+        "--eval-every", 1, "--out", tmp_path)
+    res = json.loads((tmp_path / "optimizers.json").read_text())
+    assert res and (tmp_path / "optimizers.png").exists() and (tmp_path / "optimizers.md").exists()

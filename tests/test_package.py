@@ -1,0 +1,56 @@
+"""The package's shape: which module imports which.
+
+Imports are read from the source (`ast`), wherever they sit — at the top or inside a function (a lazy import is
+still a dependency) — so a circle shows up even when Python would tolerate it at run time.
+"""
+import ast
+from pathlib import Path
+
+PKG = Path(__file__).resolve().parents[1] / "dalle_nb"
+MODULES = sorted(p.stem for p in PKG.glob("*.py") if not p.stem.startswith("_"))
+
+
+def imports_of(module: str) -> set:
+    "The package modules `module` imports anywhere in its source."
+    deps = set()
+    for n in ast.walk(ast.parse((PKG / f"{module}.py").read_text())):
+        if isinstance(n, ast.ImportFrom):
+            name = n.module or ""
+            if n.level == 1: parts = name.split(".") if name else []
+            elif name == "dalle_nb" or name.startswith("dalle_nb."): parts = name.split(".")[1:]
+            else: continue
+            deps |= {parts[0]} if parts else {a.name for a in n.names}
+        elif isinstance(n, ast.Import):
+            deps |= {a.name.split(".")[1] for a in n.names if a.name.startswith("dalle_nb.")}
+    return (deps & set(MODULES)) - {module}
+
+
+def cycles(graph: dict) -> list:
+    "Every circle a depth-first walk of `graph` meets, as the list of modules around it."
+    found, state, path = [], {}, []
+    def walk(u):
+        state[u] = "open"; path.append(u)
+        for v in sorted(graph[u]):
+            if state.get(v) == "open": found.append(path[path.index(v):] + [v])
+            elif v not in state: walk(v)
+        path.pop(); state[u] = "done"
+    for m in sorted(graph):
+        if m not in state: walk(m)
+    return found
+
+
+def test_cycles_are_found():
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c", "a"]]
+    assert cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_no_import_circle():
+    graph = {m: imports_of(m) for m in MODULES}
+    assert {"train", "stages", "recipe"} <= set(graph) and "train" in graph["stages"]   # the reader sees the package
+    assert cycles(graph) == [], "import circles: " + "; ".join(" -> ".join(c) for c in cycles(graph))
+
+
+def test_the_engine_names_no_stage():
+    "The training engine imports no model: what a stage trains comes from the stage table (`stages`, `recipe`)."
+    models = {"vqgan", "bart", "clip", "dvae", "dalle", "stages", "recipe", "train_dalle"}
+    assert imports_of("train") & models == set()
