@@ -142,14 +142,14 @@ def encode_dataset(tokenizer, images, cache=None, progress: bool = True) -> np.n
 class TrainSetupError(ValueError):
     "A request refused before training anything (unknown stage, missing or mismatched earlier stages, shards that do not fit)."
 
-def _shard_batches(run, image_len: int):
+def _shard_batches(run, model: str, image_len: int):
     from dalle_nb.dataset import TokenLoader                 # floor 3; imported only when shards are used
     batches = TokenLoader.on_mesh([str(d) for d in run.shards], run.sc.batch_size, run.mesh, run.text, seed=run.sc.seed,
                                   blank_prob=run.sc.blank_caption_prob)
     first = next(batches); batches.restore({**batches.state(), "step": batches.step - 1})
     if first["image"].shape[1] != image_len:
         raise TrainSetupError(f"--data {', '.join(map(str, run.shards))}: the shards hold {first['image'].shape[1]} tokens per image, "
-                              f"but the {run.name} stage's model reads {image_len}")
+                              f"but {model}.image_len is {image_len}")
     return batches
 
 def token_stage(model: str, cls, loss) -> Stage:
@@ -159,7 +159,7 @@ def token_stage(model: str, cls, loss) -> Stage:
             raise TrainSetupError(f"the text encoder pads to {run.text.max_len} tokens, the {run.name} stage's model reads {run.cfg.text_len}")
         return sharded_init(lambda: cls(getattr(run.cfg, model), rngs=nnx.Rngs(run.sc.seed)), run.mesh)   # never whole on one device
     def data(run):
-        if run.shards: return _shard_batches(run, getattr(run.cfg, model).image_len)
+        if run.shards: return _shard_batches(run, model, getattr(run.cfg, model).image_len)
         pairs = {"text": run.text(run.captions), "image": encode_dataset(run.tokenizer, run.images, Path(run.workdir) / "tokens_train.npy", run.progress)}
         return Batches.on_mesh(pairs, run.sc.batch_size, run.mesh, seed=run.sc.seed)
     def loss_fn(run):
