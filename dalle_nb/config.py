@@ -259,6 +259,10 @@ class StageConfig:
     shampoo_graft: str = "rmsprop_normalized"
     shampoo_nesterov: bool = False
     shampoo_skip_gt: int = 4096       # axes longer than this (embeddings) are not preconditioned
+    # the DALL·E paper's techniques (see dalle_nb.powersgd, dalle_nb.gradscale)
+    powersgd_rank: int = 0            # > 0: PowerSGD-compress the data-parallel (dp) gradient all-reduce to this rank
+    loss_scale: float = 1.0           # loss multiplied by this before differentiating, gradients divided back (float16 training)
+    block_grad_scale: bool = False    # per-resblock gradient scales (a model whose loss takes residual=: the dalle arch)
 
     def __post_init__(self):
         if self.optimizer not in ("adam", "adafactor", "shampoo"): raise ValueError(f"StageConfig: unknown optimizer {self.optimizer!r}; choose from adam, adafactor, shampoo")
@@ -267,6 +271,7 @@ class StageConfig:
         if self.shampoo_every < 1 or self.shampoo_block < 1: raise ValueError("StageConfig: shampoo_every >= 1 and shampoo_block >= 1 are required")
         if self.decay not in ("cosine", "constant"): raise ValueError(f"StageConfig: decay must be 'cosine' or 'constant', got {self.decay!r}")
         if not 0 <= self.blank_caption_prob <= 1: raise ValueError(f"StageConfig: blank_caption_prob={self.blank_caption_prob} is not in [0, 1]")
+        if self.powersgd_rank < 0 or not self.loss_scale > 0: raise ValueError(f"StageConfig: powersgd_rank >= 0 and loss_scale > 0 are required, got {self.powersgd_rank} and {self.loss_scale}")
         if self.steps < 0 or self.batch_size < 1 or self.grad_accum < 1: raise ValueError("StageConfig: steps >= 0, batch_size >= 1 and grad_accum >= 1 are required")
         if list(self.extended_from) != sorted(set(self.extended_from)) or any(not 0 < n < self.steps for n in self.extended_from):
             raise ValueError(f"StageConfig: extended_from={self.extended_from} must rise, each between 0 and steps={self.steps}")

@@ -169,6 +169,11 @@ class DalleTransformer(nnx.Module):
     def embed_text(self, text_ids):
         return self.text_embed(self.text_tokens(text_ids)) + self.text_pos(jnp.arange(self.cfg.text_len))[None]
 
+    @property
+    def residual_blocks(self) -> int:
+        "How many residual blocks call `residual` (attention and MLP of every layer): per-resblock gradient scaling keeps a scale for each."
+        return 2 * self.cfg.layers
+
     def _masks(self, T):
         return [jnp.asarray(m[:T, :T]) for m in layer_masks(self.cfg)]
 

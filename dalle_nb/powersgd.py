@@ -1,4 +1,4 @@
-"""Rank-r gradient compression with error feedback and orthogonalised power iteration, as an optax transformation that does its own all-reduce under `shard_map` — what the DALL·E paper used to train across machines without the network becoming the bottleneck.
+"""Rank-r gradient compression with error feedback and orthogonalised power iteration, the reduction a train step applies to its replicas' gradients — what the DALL·E paper used to train across machines without the network becoming the bottleneck.
 
 Docs: https://dalle-nb.github.io/dalle_nb/powersgd.html.md"""
 
@@ -7,14 +7,14 @@ Docs: https://dalle-nb.github.io/dalle_nb/powersgd.html.md"""
 # %% ../nbs/09c_powersgd.ipynb #841156ec
 from __future__ import annotations
 import re
-from typing import Any, NamedTuple
+from typing import Callable, NamedTuple
 import numpy as np
 import jax, jax.numpy as jnp
 import optax
-from jax.sharding import PartitionSpec as P
+from jax.sharding import NamedSharding, PartitionSpec as P
 
 # %% auto #0
-__all__ = ['orthogonalize', 'PowerSGDState', 'compressible', 'powersgd', 'allreduce_mean', 'state_specs', 'dp_step',
+__all__ = ['orthogonalize', 'PowerSGDState', 'GradReduction', 'compressible', 'mean_reduction', 'powersgd', 'state_shardings',
            'allreduce_bytes']
 
 # %% ../nbs/09c_powersgd.ipynb #e4d3756d
@@ -30,87 +30,67 @@ def orthogonalize(p, rtol: float = 1e-4):
         cols.append(jnp.where(keep, v / jnp.where(keep, n, 1.0), 0.0))
     return jnp.stack(cols, axis=1)
 
-# %% ../nbs/09c_powersgd.ipynb #7dbfcdae
+# %% ../nbs/09c_powersgd.ipynb #f91fb74c
 class PowerSGDState(NamedTuple):
-    "PowerSGD's state: per compressed matrix a Q `[m, r]` (replicated) and an error buffer `[n, m]` (per device); `None` elsewhere."
-    q: Any
-    error: Any
+    "PowerSGD's state: a Q `[m, r]` per compressed gradient (replicated), its error buffer `[replicas, *shape]` (one per replica), a step count."
+    q: tuple
+    error: tuple
     count: jax.Array
 
-def _as_matrix(x):
-    "A gradient as a 2-D matrix `[prod(leading axes), last axis]`."
-    return x.reshape(-1, x.shape[-1])
+class GradReduction(NamedTuple):
+    "How a train step turns per-replica gradients (leading axis: the replicas) into one: `init(params, replicas)`, `update(stacked, state) -> (grads, state)`."
+    init: Callable
+    update: Callable
 
 def compressible(shape, rank: int) -> bool:
-    "Whether a tensor of `shape` is sent compressed: two or more axes, and `(n + m)·rank < n·m`."
+    "Whether a gradient of `shape` is sent compressed: two or more axes, and `(n + m)·rank < n·m` for `n = prod(leading axes)`, `m` the last."
     if len(shape) < 2: return False
     n, m = int(np.prod(shape[:-1])), int(shape[-1])
     return (n + m) * rank < n * m
 
-def powersgd(rank: int, axis_name: str = "dp", error_feedback: bool = True, seed: int = 0,
-             compress_all: bool = False) -> optax.GradientTransformation:
-    "PowerSGD (rank `rank`) as the all-reduce over mesh axis `axis_name`: use inside `shard_map`, first in an optax chain."
+def mean_reduction() -> GradReduction:
+    "The uncompressed all-reduce: every gradient's mean over the replicas (what PowerSGD replaces)."
+    return GradReduction(lambda params, replicas: optax.EmptyState(), lambda g, s: (jax.tree.map(lambda x: x.mean(0), g), s))
+
+# %% ../nbs/09c_powersgd.ipynb #02d41ced
+def powersgd(rank: int, error_feedback: bool = True, seed: int = 0) -> GradReduction:
+    "PowerSGD of rank `rank` as a `GradReduction`: the compressible gradients sent as P and Q, the rest averaged as they are."
     if rank < 1: raise ValueError(f"powersgd: rank must be >= 1, got {rank}")
-    packed = lambda shape: len(shape) >= 2 and (compress_all or compressible(shape, rank))   # compress_all: every matrix (for checks)
-    def init(params):
-        leaves, tree = jax.tree.flatten(params)
-        keys = jax.random.split(jax.random.key(seed), max(len(leaves), 1))
-        q = [jax.random.normal(k, (x.shape[-1], rank), jnp.float32) if packed(x.shape) else None for k, x in zip(keys, leaves)]
-        e = [jnp.zeros(_as_matrix(x).shape, jnp.float32) if packed(x.shape) and error_feedback else None for x in leaves]
-        return PowerSGDState(jax.tree.unflatten(tree, q), jax.tree.unflatten(tree, e), jnp.zeros((), jnp.int32))
+    def init(params, replicas: int):
+        packed = [x for x in jax.tree.leaves(params) if compressible(x.shape, rank)]
+        keys = jax.random.split(jax.random.key(seed), max(len(packed), 1))
+        q = tuple(jax.random.normal(k, (x.shape[-1], rank), jnp.float32) for k, x in zip(keys, packed))
+        e = tuple(jnp.zeros((replicas, *x.shape), jnp.float32) for x in packed) if error_feedback else ()
+        return PowerSGDState(q, e, jnp.zeros((), jnp.int32))
 
-    def update(grads, state, params=None):
-        leaves, tree = jax.tree.flatten(grads)
-        qs = jax.tree.flatten(state.q, is_leaf=lambda x: x is None)[0]
-        es = jax.tree.flatten(state.error, is_leaf=lambda x: x is None)[0]
-        out, new_q, new_e = [], [], []
-        for g, q, e in zip(leaves, qs, es):
-            if q is None:                                                 # small or 1-D: plain all-reduce
-                out.append(jax.lax.pmean(g, axis_name)); new_q.append(None); new_e.append(None); continue
-            m = _as_matrix(g).astype(jnp.float32)
-            if e is not None: m = m + e
-            p = orthogonalize(jax.lax.pmean(m @ q, axis_name))           # all-reduce n·r numbers
-            q = jax.lax.pmean(m.T @ p, axis_name)                        # all-reduce m·r numbers
-            approx = p @ q.T
-            out.append(approx.reshape(g.shape).astype(g.dtype)); new_q.append(q)
-            new_e.append(m - approx if e is not None else None)
-        unflat = lambda xs: jax.tree.unflatten(tree, xs)
-        return unflat(out), PowerSGDState(unflat(new_q), unflat(new_e), state.count + 1)
+    def update(stacked, state):
+        leaves, tree = jax.tree.flatten(stacked)
+        out, qs, es = [], [], []
+        for g in leaves:
+            if not compressible(g.shape[1:], rank): out.append(g.mean(0)); continue      # vectors, small matrices
+            j = len(qs)
+            m = g.astype(jnp.float32) + (state.error[j] if error_feedback else 0.0)
+            p = jnp.einsum("d...m,mr->d...r", m, state.q[j]).mean(0)                       # all-reduce n·r numbers
+            p = orthogonalize(p.reshape(-1, rank)).reshape(p.shape)
+            q = jnp.einsum("d...m,...r->dmr", m, p).mean(0)                                # all-reduce m·r numbers
+            approx = jnp.einsum("...r,mr->...m", p, q)
+            out.append(approx.astype(g.dtype)); qs.append(q)
+            if error_feedback: es.append(m - approx)
+        return jax.tree.unflatten(tree, out), PowerSGDState(tuple(qs), tuple(es), state.count + 1)
 
-    return optax.GradientTransformation(init, update)
+    return GradReduction(init, update)
 
-def allreduce_mean(axis_name: str = "dp") -> optax.GradientTransformation:
-    "The uncompressed all-reduce, as a transformation (`pmean` of every gradient): the baseline PowerSGD replaces."
-    return optax.GradientTransformation(lambda params: optax.EmptyState(),
-                                        lambda g, s, params=None: (jax.tree.map(lambda x: jax.lax.pmean(x, axis_name), g), s))
+# %% ../nbs/09c_powersgd.ipynb #2b09817e
+def state_shardings(state: PowerSGDState, params, param_shardings, axis: str = "dp") -> PowerSGDState:
+    "Shardings of `state` for `params` laid out by `param_shardings`: Q replicated; an error buffer split over `axis` on its replica axis, like its parameter on the rest."
+    shards = jax.tree.leaves(param_shardings)
+    rep = NamedSharding(shards[0].mesh, P())
+    rank = state.q[0].shape[-1] if state.q else 0
+    packed = [s for x, s in zip(jax.tree.leaves(params), shards) if rank and compressible(x.shape, rank)]
+    error = tuple(NamedSharding(s.mesh, P(axis, *s.spec)) for s in packed) if state.error else ()
+    return PowerSGDState(tuple(rep for _ in state.q), error, rep)
 
-# %% ../nbs/09c_powersgd.ipynb #2f0cac31
-def state_specs(opt_state, axis_name: str = "dp"):
-    "Partition specs of an optax state holding `PowerSGDState`s: error buffers `P(axis_name)` (per device), the rest `P()`."
-    def one(node):
-        if isinstance(node, PowerSGDState):
-            return PowerSGDState(jax.tree.map(lambda _: P(), node.q), jax.tree.map(lambda _: P(axis_name), node.error), P())
-        return jax.tree.map(lambda _: P(), node)
-    return jax.tree.map(one, opt_state, is_leaf=lambda x: isinstance(x, PowerSGDState))
-
-def dp_step(loss_fn, tx: optax.GradientTransformation, mesh, axis_name: str = "dp"):
-    "`(init(params) -> opt_state, step(params, opt_state, batch) -> (params, opt_state, loss))`, data-parallel over `axis_name` with `tx` doing the all-reduce."
-    def shapes(params): return jax.eval_shape(tx.init, params)
-    def init(params):
-        specs = state_specs(shapes(params), axis_name)
-        return jax.jit(jax.shard_map(tx.init, mesh=mesh, in_specs=P(), out_specs=specs))(params)
-    def local(params, opt_state, batch):
-        mine = jax.tree.map(lambda p: jax.lax.pcast(p, axis_name, to="varying"), params)   # this device's gradient, not the sum
-        loss, g = jax.value_and_grad(loss_fn)(mine, batch)
-        updates, opt_state = tx.update(g, opt_state, params)
-        return optax.apply_updates(params, updates), opt_state, jax.lax.pmean(loss, axis_name)
-    def step(params, opt_state, batch):
-        specs = state_specs(jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), opt_state), axis_name)
-        f = jax.shard_map(local, mesh=mesh, in_specs=(P(), specs, P(axis_name)), out_specs=(P(), specs, P()))
-        return f(params, opt_state, batch)
-    return init, jax.jit(step)
-
-# %% ../nbs/09c_powersgd.ipynb #94f2dff9
+# %% ../nbs/09c_powersgd.ipynb #ce08e801
 _DTYPE_BYTES = {"f32": 4, "f16": 2, "bf16": 2, "f64": 8, "s32": 4, "u32": 4, "s8": 1, "u8": 1, "pred": 1}
 
 def allreduce_bytes(compiled_text: str) -> int:

@@ -163,9 +163,9 @@ def token_stage(model: str, cls, loss) -> Stage:
         pairs = {"text": run.text(run.captions), "image": encode_dataset(run.tokenizer, run.images, Path(run.workdir) / "tokens_train.npy", run.progress)}
         return Batches.on_mesh(pairs, run.sc.batch_size, run.mesh, seed=run.sc.seed)
     def loss_fn(run):
-        if run.shards: return lambda m, b, k: loss(m, b["text"], b["image"])        # the loader blanked them
+        if run.shards: return lambda m, b, k, **kw: loss(m, b["text"], b["image"], **kw)   # the loader blanked them; kw: residual=
         blank, p = jnp.asarray(run.text.blank(1)[0]), run.sc.blank_caption_prob
-        return lambda m, b, k: loss(m, blank_captions(b["text"], blank, p, k), b["image"])
+        return lambda m, b, k, **kw: loss(m, blank_captions(b["text"], blank, p, k), b["image"], **kw)
     def evaluate(run):
         if run.shards: return None
         val = {"text": jnp.asarray(run.text(run.val_captions[:256])), "image": jnp.asarray(encode_dataset(run.tokenizer, run.val_images[:256], None, False))}

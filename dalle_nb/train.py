@@ -23,10 +23,12 @@ from .sharding import (RULES, make_mesh, mesh_from_spec, state_shardings, batch_
                                is_primary)
 from .optim import lr_schedule
 from .shampoo import ShampooState, opt_state_shardings as shampoo_state_shardings
+from .powersgd import GradReduction, PowerSGDState, powersgd, state_shardings as powersgd_state_shardings
+from .gradscale import scaled_residual, init_scales, update_scales
 
 # %% auto #0
-__all__ = ['TrainState', 'opt_state_shardings', 'TrainStep', 'make_sharded_train_step', 'make_train_step', 'Checkpointer', 'fit',
-           'plot_history']
+__all__ = ['TrainState', 'opt_state_shardings', 'TrainStep', 'StepExtras', 'make_sharded_train_step', 'make_train_step',
+           'Checkpointer', 'fit', 'plot_history']
 
 # %% ../nbs/11_train.ipynb #4f63824b
 class TrainState(NamedTuple):
@@ -38,9 +40,10 @@ class TrainState(NamedTuple):
     skipped: jax.Array    # steps whose loss or gradients were not finite, and so were not applied
 
 def opt_state_shardings(opt_state, params, mesh: Mesh, rules=RULES):
-    "Shardings of an optax state: per-parameter buffers like their parameter, Shampoo's arrays by its own rules, the rest replicated."
+    "Shardings of an optax state: per-parameter buffers like their parameter, Shampoo's and PowerSGD's arrays by their own rules, the rest replicated."
     rep = NamedSharding(mesh, P())
     def one(node):
+        if isinstance(node, PowerSGDState): return powersgd_state_shardings(node, params, state_shardings(params, mesh, rules))
         if isinstance(node, ShampooState):
             try: return shampoo_state_shardings(node, params, mesh, rules)
             except AssertionError:       # Shampoo on part of the parameters (the rest frozen): its state is small, replicate it
@@ -49,7 +52,7 @@ def opt_state_shardings(opt_state, params, mesh: Mesh, rules=RULES):
             if isinstance(node.get_value(), optax.MaskedNode): return node     # a masked-out buffer: nothing to place
             return state_shardings(node, mesh, rules)
         return rep
-    return jax.tree.map(one, opt_state, is_leaf=lambda x: isinstance(x, (ShampooState, nnx.Variable)))
+    return jax.tree.map(one, opt_state, is_leaf=lambda x: isinstance(x, (ShampooState, PowerSGDState, nnx.Variable)))
 
 # %% ../nbs/11_train.ipynb #00a542f4
 def _structs(tree):
@@ -93,53 +96,98 @@ class TrainStep(NamedTuple):
         _, params, rest = nnx.split(model, nnx.Param, ...)
         return state._replace(params=place(params, self.shardings.params), rest=place(rest, self.shardings.rest))
 
+# %% ../nbs/11_train.ipynb #3e35b4e9
+class StepExtras(NamedTuple):
+    "`TrainState.opt` when the step has options: the optimiser's state, the gradient reduction's (PowerSGD) and the per-block gradient scales."
+    tx: Any
+    reduce: Any     # the `GradReduction`'s state (`optax.EmptyState()` when the step reduces as XLA does)
+    scales: Any     # `GradScales` (`optax.EmptyState()` without per-resblock scaling)
 
+def _replica_rules(rules, axis: str = "dp"):
+    "`rules` without `axis`: inside one replica's computation the batch is split over the other data axes only."
+    drop = lambda v: v if v is None or v == axis else tuple(a for a in (v if isinstance(v, tuple) else (v,)) if a != axis) or None
+    return tuple((k, None if v == axis else drop(v)) for k, v in rules)
+
+def _merge_replicas(x):
+    "One value of a variable each replica updated: the mean of floats (statistics), the first replica's otherwise."
+    return x.mean(0).astype(x.dtype) if jnp.issubdtype(x.dtype, jnp.inexact) else x[0]
+
+# %% ../nbs/11_train.ipynb #56f22f34
 def make_sharded_train_step(loss_fn, model, tx: optax.GradientTransformation, mesh: Mesh | None = None, rules=RULES,
-                            grad_accum: int = 1) -> TrainStep:
+                            grad_accum: int = 1, reduce: GradReduction | None = None, loss_scale: float = 1.0,
+                            block_scales: int = 0, scale_growth: int = 1000) -> TrainStep:
     "Compile `loss_fn(model, batch, key) -> (loss, metrics)` into a sharded train step on `mesh` (default: one device)."
     mesh = make_mesh(devices=jax.devices()[:1]) if mesh is None else mesh
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
     params, rest = _structs(params), _structs(rest)
+    replicas = mesh.shape["dp"]
+    extras = reduce is not None or block_scales > 0
+    def opt_init(p):
+        o = tx.init(p)
+        if not extras: return o
+        return StepExtras(o, reduce.init(p, replicas) if reduce else optax.EmptyState(),
+                          init_scales(block_scales) if block_scales else optax.EmptyState())
     rep, counter = NamedSharding(mesh, P()), jax.ShapeDtypeStruct((), jnp.int32)
-    abstract = TrainState(counter, params, rest, jax.eval_shape(tx.init, params), counter)
+    abstract = TrainState(counter, params, rest, jax.eval_shape(opt_init, params), counter)
     shardings = TrainState(rep, state_shardings(params, mesh, rules), state_shardings(rest, mesh, rules),
                            opt_state_shardings(abstract.opt, params, mesh, rules), rep)
     data = batch_sharding(mesh, 1, rules)        # a prefix for every array of the batch: leading axis split
 
-    def grads(params, rest, batch, key):
-        def f(p):
+    def grads(params, rest, batch, key, scales):
+        "Loss, gradients (unscaled), per-block overflow flags (None without scales), metrics, the other variables."
+        def f(p, s):
             m = nnx.merge(graphdef, p, jax.tree.map(lambda v: v, rest))   # fresh variables: the loss may update them
-            loss, metrics = loss_fn(m, batch, key)
-            return loss, (metrics, nnx.state(m, nnx.Not(nnx.Param)))
-        (loss, (metrics, rest)), g = jax.value_and_grad(f, has_aux=True)(params)
-        return loss, g, metrics, rest
+            loss, metrics = loss_fn(m, batch, key, **({} if s is None else {"residual": scaled_residual(s)}))
+            return loss * loss_scale, (loss, metrics, nnx.state(m, nnx.Not(nnx.Param)))
+        (_, (loss, metrics, rest)), (g, flags) = jax.value_and_grad(f, argnums=(0, 1), has_aux=True)(params, scales)
+        if loss_scale != 1: g = jax.tree.map(lambda x: x / loss_scale, g)
+        return loss, g, flags, metrics, rest
+
+    def replica_grads(params, rest, batch, key, scales):
+        "`grads`, or with a reduction each data-parallel replica's own: gradients stacked on a leading axis split over `dp`."
+        if reduce is None: return grads(params, rest, batch, key, scales)
+        cut = jax.tree.map(lambda x: x.reshape(replicas, x.shape[0] // replicas, *x.shape[1:]), batch)
+        with flax_spmd.logical_axis_rules(_replica_rules(rules)):
+            loss, g, flags, metrics, rest = jax.vmap(grads, in_axes=(None, None, 0, 0, None), spmd_axis_name="dp")(
+                params, rest, cut, jax.random.split(key, replicas), scales)
+        return (loss.mean(), g, None if flags is None else flags.sum(0), jax.tree.map(jnp.mean, metrics),
+                jax.tree.map(_merge_replicas, rest))
+
+    def accumulated(state, batch, key, scales):
+        "`replica_grads` over `grad_accum` micro-batches: summed flags, mean loss, gradients and metrics."
+        if grad_accum == 1: return replica_grads(state.params, state.rest, batch, key, scales)
+        k = grad_accum
+        for x in jax.tree.leaves(batch):
+            if x.shape[0] % k: raise ValueError(f"train step: batch of {x.shape[0]} does not split into grad_accum={k} micro-batches")
+        micro = jax.tree.map(lambda x: x.reshape(x.shape[0] // k, k, *x.shape[1:]).swapaxes(0, 1), batch)
+        def body(carry, xs):
+            gsum, fsum, rest = carry
+            mb, i = xs
+            mb = jax.tree.map(lambda x: jax.lax.with_sharding_constraint(x, data.spec), mb)
+            loss, g, flags, metrics, rest = replica_grads(state.params, rest, mb, jax.random.fold_in(key, i), scales)
+            return (jax.tree.map(jnp.add, gsum, g), jax.tree.map(jnp.add, fsum, flags), rest), (loss, metrics)
+        shapes = jax.eval_shape(lambda: replica_grads(state.params, state.rest, jax.tree.map(lambda x: x[0], micro), key, scales))
+        zeros = lambda t: jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), t)
+        (gsum, flags, rest), (losses, metrics) = jax.lax.scan(body, (zeros(shapes[1]), zeros(shapes[2]), state.rest), (micro, jnp.arange(k)))
+        return losses.mean(), jax.tree.map(lambda x: x / k, gsum), flags, jax.tree.map(lambda m: m.mean(0), metrics), rest
 
     def train_step(state: TrainState, batch, key):
+        opt = state.opt if extras else StepExtras(state.opt, optax.EmptyState(), optax.EmptyState())
+        scales = opt.scales.scale if block_scales else None
         with _in_mesh(mesh, rules):
-            if grad_accum == 1:
-                loss, g, metrics, rest = grads(state.params, state.rest, batch, key)
-            else:
-                k = grad_accum
-                for x in jax.tree.leaves(batch):
-                    if x.shape[0] % k: raise ValueError(f"train step: batch of {x.shape[0]} does not split into grad_accum={k} micro-batches")
-                micro = jax.tree.map(lambda x: x.reshape(x.shape[0] // k, k, *x.shape[1:]).swapaxes(0, 1), batch)
-                def body(carry, xs):
-                    gsum, rest = carry
-                    mb, i = xs
-                    mb = jax.tree.map(lambda x: jax.lax.with_sharding_constraint(x, data.spec), mb)
-                    loss, g, metrics, rest = grads(state.params, rest, mb, jax.random.fold_in(key, i))
-                    return (jax.tree.map(jnp.add, gsum, g), rest), (loss, metrics)
-                zeros = jax.tree.map(jnp.zeros_like, state.params)
-                (gsum, rest), (losses, metrics) = jax.lax.scan(body, (zeros, state.rest), (micro, jnp.arange(k)))
-                g = jax.tree.map(lambda x: x / k, gsum)
-                loss, metrics = losses.mean(), jax.tree.map(lambda m: m.mean(0), metrics)
+            loss, g, flags, metrics, rest = accumulated(state, batch, key, scales)
             finite = jnp.isfinite(loss) & jnp.all(jnp.stack([jnp.isfinite(x).all() for x in jax.tree.leaves(g)]))
+            g, comm = reduce.update(g, opt.reduce) if reduce else (g, opt.reduce)     # the (compressed) all-reduce
             def apply(_):
-                updates, opt = tx.update(g, state.opt, state.params)
+                updates, o = tx.update(g, opt.tx, state.params)
                 new = jax.tree.map(lambda n, o: n.astype(o.dtype), optax.apply_updates(state.params, updates), state.params)
-                return new, rest, opt               # parameters keep their dtype (bfloat16 ones too)
-            params, rest, opt = jax.lax.cond(finite, apply, lambda _: (state.params, state.rest, state.opt), None)
-        new = TrainState(state.step + 1, params, rest, opt, state.skipped + (~finite).astype(jnp.int32))
+                return new, rest, o, comm           # parameters keep their dtype (bfloat16 ones too)
+            params, rest, o, comm = jax.lax.cond(finite, apply, lambda _: (state.params, state.rest, opt.tx, opt.reduce), None)
+        if block_scales:
+            metrics = {**metrics, "overflowed_blocks": (flags > 0).sum().astype(jnp.float32)}
+            opt = opt._replace(scales=update_scales(opt.scales, flags, growth_interval=scale_growth))
+        opt = opt._replace(tx=o, reduce=comm)
+        new = TrainState(state.step + 1, params, rest, opt if extras else opt.tx, state.skipped + (~finite).astype(jnp.int32))
         return new, {**metrics, "grad_norm": optax.global_norm(g), "finite": finite}
 
     step = jax.jit(train_step, in_shardings=(shardings, data, rep), out_shardings=(shardings, rep), donate_argnums=0)
@@ -147,7 +195,7 @@ def make_sharded_train_step(loss_fn, model, tx: optax.GradientTransformation, me
     def fresh(params, rest):
         with _in_mesh(mesh, rules):
             zero = jnp.zeros((), jnp.int32)
-            return TrainState(zero, params, rest, tx.init(params), zero)
+            return TrainState(zero, params, rest, opt_init(params), zero)
     init_jit = jax.jit(fresh, in_shardings=(shardings.params, shardings.rest), out_shardings=shardings)
     def init(model) -> TrainState:
         _, p, r = nnx.split(model, nnx.Param, ...)
@@ -242,6 +290,14 @@ def _open_checkpoints(directory: Path, cfg: StageConfig) -> Checkpointer:
     _sync("checkpoints-moved")
     return Checkpointer(directory)
 
+def _step_options(model, cfg: StageConfig) -> dict:
+    "The train step's options a stage config asks for: PowerSGD, a loss scale, per-resblock gradient scales."
+    blocks = getattr(model, "residual_blocks", 0) if cfg.block_grad_scale else 0
+    if cfg.block_grad_scale and not blocks:
+        raise ValueError(f"block_grad_scale: {type(model).__name__} has no residual blocks to scale "
+                         "(per-resblock scaling needs a model whose loss takes residual=, such as the dalle arch's)")
+    return dict(reduce=powersgd(cfg.powersgd_rank) if cfg.powersgd_rank else None, loss_scale=cfg.loss_scale, block_scales=blocks)
+
 @jax.jit
 def _accumulate(acc, metrics):
     "Running sums of the metrics of applied steps, and their number (`steps`)."
@@ -255,7 +311,7 @@ def fit(model, tx: optax.GradientTransformation, loss_fn, batches, cfg: StageCon
         until: int | None = None, hooks=()) -> list[dict]:
     "Train `model` in place to step `until` (default `cfg.steps`) on `mesh` (default `cfg.mesh`), resuming from `workdir`'s checkpoints; returns the history."
     mesh = mesh_from_spec(cfg.mesh) if mesh is None else mesh
-    train = make_sharded_train_step(loss_fn, model, tx, mesh, rules, cfg.grad_accum)
+    train = make_sharded_train_step(loss_fn, model, tx, mesh, rules, cfg.grad_accum, **_step_options(model, cfg))
     key = jax.random.key(cfg.seed) if key is None else key
     ckpt = _open_checkpoints(Path(workdir) / "ckpt", cfg) if workdir else None
     logfile = Path(workdir) / f"log.process-{jax.process_index()}.jsonl" if workdir else None
