@@ -1,7 +1,7 @@
 """Does DALL·E Mega's BART train step fit a TPU v3-256? AOT-compile it for topology v3:8x16 in several configurations.
 
 Each configuration is one `dalle-nb pod fit` call (a subprocess: every compile starts from a clean process), and its
-report is merged into bench/results/pod/fit_check.json, which BENCHMARKS.md and nbs/15_pod.ipynb read. Needs libtpu
+report is merged into bench/results/pod/fit_check.json, which BENCHMARKS.md and nbs/15a_fitcheck.ipynb read. Needs libtpu
 (`pip install -e ".[tpu]"`); no TPU. A full Mega compile takes minutes and several GB of RAM: run it niced, alone.
 
     python bench/fit_check.py                      # every configuration below
@@ -55,7 +55,7 @@ def shampoo_state(layouts=("dp=32,mp=8", "fsdp=32,mp=8")):
     from dalle_nb.config import get_config
     from dalle_nb.bart import DalleBart, bart_loss
     from dalle_nb.train import make_sharded_train_step
-    from dalle_nb.pod import topology_devices, layout_mesh, state_bytes
+    from dalle_nb.fitcheck import topology_devices, layout_mesh, state_bytes
     cfg = get_config("mega")
     model = nnx.eval_shape(lambda: DalleBart(cfg.bart, rngs=nnx.Rngs(0)))
     variants = shampoo_variants(cfg)
@@ -83,7 +83,7 @@ def main():
     if a.shampoo_no_1d:                     # in-process: a custom optimizer is not a `dalle-nb pod fit` flag
         os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
         from dalle_nb.config import get_config
-        from dalle_nb.pod import fit_check
+        from dalle_nb.fitcheck import fit_check
         cfg = get_config("mega")
         layout = a.shampoo_no_1d
         t0 = time.time()

@@ -6,7 +6,7 @@ Docs: https://dalle-nb.github.io/dalle_nb/config.html.md"""
 
 # %% ../nbs/00_config.ipynb #f1030f19
 from __future__ import annotations
-import dataclasses, json, math
+import dataclasses, json, math, re
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
@@ -14,8 +14,8 @@ from typing import Any
 # %% auto #0
 __all__ = ['LN_TYPES', 'LN_POSITIONS', 'TEXT_NORMALIZERS', 'RECON_LOSSES', 'ATTN_KINDS', 'ARCHS', 'IMAGE_TOKENIZERS', 'F16_VQGAN',
            'CLIP_VIT_B32', 'PAPER_DVAE', 'PRESETS', 'VQGANConfig', 'BartConfig', 'CLIPConfig', 'DVAEConfig',
-           'DalleConfig', 'DataConfig', 'StageConfig', 'SampleConfig', 'RunConfig', 'to_dict', 'from_dict', 'override',
-           'save_config', 'load_config', 'get_config']
+           'DalleConfig', 'parse_mesh', 'DataConfig', 'StageConfig', 'SampleConfig', 'RunConfig', 'to_dict',
+           'from_dict', 'override', 'save_config', 'load_config', 'get_config']
 
 # %% ../nbs/00_config.ipynb #a045164a
 @dataclass(frozen=True)
@@ -220,6 +220,19 @@ class DalleConfig:
     @property
     def head_dim(self) -> int: return self.d_model // self.heads
 
+# %% ../nbs/00_config.ipynb #30ccaa3a
+def parse_mesh(spec: str) -> dict:
+    "`'dp=32,mp=8'` → `{'dp': 32, 'fsdp': 1, 'mp': 8}`; unnamed axes are 1, and `dp` is -1 (the rest) unless some axis is."
+    sizes = {}
+    for part in (p.strip() for p in (spec or "").split(",") if p.strip()):
+        m = re.fullmatch(r"(dp|fsdp|mp)\s*=\s*(-1|\d+)", part)
+        if m is None: raise ValueError(f"mesh {spec!r}: expected comma-separated dp=N, fsdp=N, mp=N (N a size or -1), got {part!r}")
+        if m[1] in sizes: raise ValueError(f"mesh {spec!r}: {m[1]} given twice")
+        sizes[m[1]] = int(m[2])
+    out = {"dp": sizes.get("dp", 1 if -1 in sizes.values() else -1), "fsdp": sizes.get("fsdp", 1), "mp": sizes.get("mp", 1)}
+    if list(out.values()).count(-1) > 1: raise ValueError(f"mesh {spec!r}: at most one axis may be -1")
+    return out
+
 # %% ../nbs/00_config.ipynb #2cb0f2cf
 @dataclass(frozen=True)
 class DataConfig:
@@ -275,10 +288,8 @@ class StageConfig:
         if self.steps < 0 or self.batch_size < 1 or self.grad_accum < 1: raise ValueError("StageConfig: steps >= 0, batch_size >= 1 and grad_accum >= 1 are required")
         if list(self.extended_from) != sorted(set(self.extended_from)) or any(not 0 < n < self.steps for n in self.extended_from):
             raise ValueError(f"StageConfig: extended_from={self.extended_from} must rise, each between 0 and steps={self.steps}")
-        for part in (p.strip() for p in self.mesh.split(",") if p.strip()):
-            axis, eq, size = (t.strip() for t in part.partition("="))
-            if axis not in ("dp", "fsdp", "mp") or not eq or not (size == "-1" or size.isdigit()):
-                raise ValueError(f"StageConfig: mesh must look like 'dp=32,mp=8' (axes dp, fsdp, mp; sizes or -1), got {self.mesh!r}")
+        try: parse_mesh(self.mesh)
+        except ValueError: raise ValueError(f"StageConfig: mesh must look like 'dp=32,mp=8' (axes dp, fsdp, mp; sizes or -1), got {self.mesh!r}") from None
 
 @dataclass(frozen=True)
 class SampleConfig:

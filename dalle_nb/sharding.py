@@ -15,12 +15,13 @@ from jax.experimental import mesh_utils, multihost_utils
 from flax import nnx
 from flax.core import spmd as flax_spmd
 from .layers import LOGICAL_AXES, logical_to_spec, abstract_module
+from .config import parse_mesh
 
 # %% auto #0
-__all__ = ['MESH_AXES', 'RULES', 'unnamed_params', 'make_mesh', 'parse_mesh', 'mesh_from_spec', 'use_mesh', 'state_specs',
-           'fit_spec', 'state_shardings', 'sharded_init', 'bytes_per_device', 'partition_specs', 'batch_sharding',
-           'data_shards', 'shard_batch', 'batch_slice', 'global_batch', 'distributed_settings', 'init_distributed',
-           'is_primary', 'to_host', 'place']
+__all__ = ['MESH_AXES', 'RULES', 'unnamed_params', 'make_mesh', 'mesh_from_spec', 'use_mesh', 'state_specs', 'fit_spec',
+           'state_shardings', 'sharded_init', 'bytes_per_device', 'partition_specs', 'batch_sharding', 'data_shards',
+           'shard_batch', 'batch_slice', 'global_batch', 'distributed_settings', 'init_distributed', 'is_primary',
+           'to_host', 'place']
 
 # %% ../nbs/08_sharding.ipynb #bf5634eb
 MESH_AXES = ("dp", "fsdp", "mp")
@@ -69,20 +70,8 @@ def make_mesh(dp: int = -1, fsdp: int = 1, mp: int = 1, devices=None) -> Mesh:
     else: grid = np.asarray(devs).reshape(sizes)
     return Mesh(grid, MESH_AXES, axis_types=(AxisType.Auto,) * 3)
 
-def parse_mesh(spec: str) -> dict:
-    "`'dp=32,mp=8'` → `{'dp': 32, 'fsdp': 1, 'mp': 8}`; unnamed axes are 1, and `dp` is -1 (the rest) unless some axis is."
-    sizes = {}
-    for part in (p.strip() for p in (spec or "").split(",") if p.strip()):
-        m = re.fullmatch(r"(dp|fsdp|mp)\s*=\s*(-1|\d+)", part)
-        if m is None: raise ValueError(f"mesh {spec!r}: expected comma-separated dp=N, fsdp=N, mp=N (N a size or -1), got {part!r}")
-        if m[1] in sizes: raise ValueError(f"mesh {spec!r}: {m[1]} given twice")
-        sizes[m[1]] = int(m[2])
-    out = {"dp": sizes.get("dp", 1 if -1 in sizes.values() else -1), "fsdp": sizes.get("fsdp", 1), "mp": sizes.get("mp", 1)}
-    if list(out.values()).count(-1) > 1: raise ValueError(f"mesh {spec!r}: at most one axis may be -1")
-    return out
-
 def mesh_from_spec(spec: str, devices=None) -> Mesh:
-    "The mesh a layout string such as `'dp=-1,mp=8'` describes, over `devices` (default: all; without a -1, the first dp·fsdp·mp)."
+    "The mesh a layout string such as `'dp=-1,mp=8'` (`dalle_nb.config.parse_mesh`) describes, over `devices` (default: all; without a -1, the first dp·fsdp·mp)."
     sizes = parse_mesh(spec)
     if devices is None and -1 not in sizes.values():
         n = int(np.prod(list(sizes.values())))
@@ -132,15 +121,21 @@ def sharded_init(make, mesh: Mesh, rules=RULES):
         return nnx.merge(graphdef, init())
 
 # %% ../nbs/08_sharding.ipynb #f2a21b63
-def bytes_per_device(state, shardings) -> float:
-    "The largest number of bytes any one device holds of `state` (abstract or concrete) laid out by `shardings`."
-    per = {}
+def bytes_per_device(state, shardings=None) -> int:
+    "The largest number of bytes any one device holds of `state` (abstract or concrete), laid out by `shardings` — or, without them, by each array's own `.sharding` (an array without one counts whole)."
+    per, whole = {}, 0
     def add(v, s):
+        nonlocal whole
+        size = jnp.dtype(v.dtype).itemsize
+        if s is None: whole += int(np.prod(v.shape)) * size; return
         for d, idx in s.devices_indices_map(tuple(v.shape)).items():
             n = int(np.prod([len(range(*sl.indices(dim))) for sl, dim in zip(idx, v.shape)])) if v.shape else 1
-            per[d] = per.get(d, 0) + n * jnp.dtype(v.dtype).itemsize
-    jax.tree.map(add, state, shardings, is_leaf=lambda x: isinstance(x, nnx.Variable))
-    return max(per.values())
+            per[d] = per.get(d, 0) + n * size
+    if shardings is None:
+        for x in jax.tree.leaves(state):
+            if hasattr(x, "dtype"): add(x, getattr(x, "sharding", None))
+    else: jax.tree.map(add, state, shardings, is_leaf=lambda x: isinstance(x, nnx.Variable))
+    return max(per.values(), default=0) + whole
 
 # %% ../nbs/08_sharding.ipynb #07bbe4f5
 def _effective(axes, mesh):

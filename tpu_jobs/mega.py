@@ -1,4 +1,4 @@
-"""DALL·E Mega's BART on a TPU v3-256, through `dalle_nb.pod` (the API `dalle-nb pod …` and nbs/15_pod.ipynb use).
+"""DALL·E Mega's BART on a TPU v3-256, through `dalle_nb.pod` (the API `dalle-nb pod …` and nbs/15_pod.ipynb use) and `dalle_nb.fitcheck`.
 
 Dry run (the default) — prints every command it would run:
 
@@ -18,7 +18,8 @@ gs://BUCKET/runs/RUN/model (e.g. `dalle-nb convert …` of the published Mega, t
 stage trains a new BART and keeps the other models.
 """
 import argparse, sys
-from dalle_nb.pod import PodSpec, TrainJob, TPUPod, DryRun, Shell, build_wheel, watch, libtpu_available, fit_check, PodError
+from dalle_nb.pod import PodSpec, TrainJob, TPUPod, DryRun, Shell, build_wheel, watch, PodError
+from dalle_nb.fitcheck import libtpu_available, fit_check, FitError
 
 # The journal's batch: 44 samples per model replica x 32 replicas x 3 accumulation steps = 4224 per update.
 # (`bart_train.batch_size` is the global batch of one update for `dalle-nb train`.)
@@ -63,4 +64,4 @@ def main():
 
 if __name__ == "__main__":
     try: main()
-    except PodError as e: sys.exit(f"mega.py: {e}")
+    except (PodError, FitError) as e: sys.exit(f"mega.py: {e}")
