@@ -64,8 +64,6 @@ def test_dvae_runs(tmp_path):
     assert len(res["rows"]) == 2 and (tmp_path / "out" / "dvae.md").exists()
 
 
-@pytest.mark.xfail(strict=True, reason="found by this test: at these sizes the Shampoo run stops with XLA's 'Attempt to "
-                   "donate the same buffer twice' (make_train_step + Shampoo state); not fixed yet (issue 20)")
 def test_optimizers_runs(tmp_path):
     run("optimizers", "--steps", 2, "--batch", 8, "--n-train", 64, "--adam-lrs", "1e-3", "--shampoo-lrs", "1e-3",
         "--eval-every", 1, "--out", tmp_path)
