@@ -295,8 +295,8 @@ def distributed_shampoo(learning_rate, block_size: int = 2048, *, b1: float = 0.
         for (x, _), plan in zip(_arrays_and_names(params), plans_of(params)):
             lead = (plan.layers,) if plan.layers else ()
             eye = lambda n, s: jnp.broadcast_to(s * jnp.eye(n, dtype=jnp.float32), lead + (n, n))
-            zeros = jnp.zeros(x.shape, jnp.float32)
-            out.append(ParamState(zeros if keeps_diag else (), zeros, zeros,
+            zeros = lambda: jnp.zeros(x.shape, jnp.float32)   # a new array per field: a train step donates each leaf once
+            out.append(ParamState(zeros() if keeps_diag else (), zeros(), zeros(),
                                   tuple(eye(n, matrix_epsilon) for n in plan.stat_sizes),
                                   tuple(eye(n, 1.0) for n in plan.stat_sizes)))
         names = tuple(tuple(n) if n is not None else None for _, n in _arrays_and_names(params))
