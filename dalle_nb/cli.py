@@ -44,10 +44,17 @@ def cmd_train(a) -> int:
     sets = [f"arch={a.arch}"] if a.arch else []
     sets += [f"{s}_train.optimizer={a.optimizer}" for s in stages] if a.optimizer else []
     sets += [f"{s}_train.mesh={a.mesh}" for s in stages] if a.mesh else []
-    try: cfg = get_config(a.preset, sets + list(a.set or []))          # an explicit --set wins over --optimizer / --mesh
+    sets += [f"{s}_train.powersgd_rank={a.powersgd}" for s in ("bart", "dalle")] if a.powersgd is not None else []   # the transformer's
+    sets += [f"{s}_train.loss_scale={a.loss_scale}" for s in ("bart", "dalle")] if a.loss_scale is not None else []
+    sets += ["dalle_train.block_grad_scale=true"] if a.block_grad_scale else []
+    try: cfg = get_config(a.preset, sets + list(a.set or []))          # an explicit --set wins over the flags
     except ValueError as e: raise UsageError(str(e)) from None
+    if a.block_grad_scale and cfg.arch != "dalle":
+        raise UsageError("--block-grad-scale needs --arch dalle: it scales the DALL·E transformer's residual blocks (BART's have no hook)")
     command = " ".join(["dalle-nb train", f"--preset {a.preset}", *([f"--arch {a.arch}"] if a.arch else []), f"--workdir {a.workdir}", *(f"--set {o}" for o in a.set or []),
                         *([f"--optimizer {a.optimizer}"] if a.optimizer else []), *([f"--mesh {a.mesh}"] if a.mesh else []),
+                        *([f"--powersgd {a.powersgd}"] if a.powersgd is not None else []), *([f"--loss-scale {a.loss_scale}"] if a.loss_scale is not None else []),
+                        *(["--block-grad-scale"] if a.block_grad_scale else []),
                         *([f"--stages {a.stages}"] if a.stages else []), *(f"--data {d}" for d in a.data or [])])
     try: out = train_all(cfg, a.workdir, stages=stages, progress=not a.quiet, command=command, data=a.data)
     except (TrainSetupError, ValueError) as e: raise UsageError(str(e)) from None
@@ -299,6 +306,7 @@ def _wheel(a):
     return build_wheel(a.wheel_dir, runner=_runner(a))
 
 def _cmd_fit(a) -> int:
+    import json
     from dalle_nb.config import get_config
     from dalle_nb.fitcheck import fit_check
     cfg = get_config(a.preset, a.set)
@@ -435,6 +443,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="optimiser for every stage trained (default: the preset's; Shampoo's settings: --set STAGE_train.shampoo_*=...)")
     t.add_argument("--mesh", default=None, metavar="LAYOUT",
                    help="device layout for every stage trained, e.g. dp=32,mp=8 or fsdp=-1 (default: the preset's; all devices data-parallel)")
+    t.add_argument("--powersgd", type=int, default=None, metavar="RANK",
+                   help="PowerSGD: compress the transformer stage's data-parallel gradient all-reduce to this rank (the DALL·E paper's; 0 = off)")
+    t.add_argument("--loss-scale", type=float, default=None, metavar="S",
+                   help="multiply the transformer stage's loss by S before differentiating, divide the gradients back (float16 training)")
+    t.add_argument("--block-grad-scale", action="store_true",
+                   help="per-resblock gradient scales for the transformer stage (the DALL·E paper's float16 training; needs --arch dalle)")
     t.add_argument("--coordinator", default=None, metavar="HOST:PORT",
                    help="multi-process run: address of process 0 ('auto' on a TPU pod; or DALLE_NB_COORDINATOR)")
     t.add_argument("--num-processes", type=int, default=None, help="multi-process run: how many processes (or DALLE_NB_NUM_PROCESSES)")

@@ -16,6 +16,7 @@ from .text import TextEncoder
 from .weights import load_params, save_params, WeightsError
 from .layers import abstract_module
 from .vqgan import VQGAN
+from .factored import make_vqgan
 from .bart import DalleBart
 from .clip import CLIP
 from .dvae import DVAE
@@ -27,7 +28,7 @@ __all__ = ['MODEL_FILES', 'required_files', 'ModelDirError', 'default_model_dir'
 
 # %% ../nbs/10a_modeldir.ipynb #ec3bac07
 MODEL_FILES = ("config.json", "tokenizer.json", "vqgan.msgpack", "bart.msgpack")   # what a DALL·E Mega-style directory needs
-_CLASSES = {"vqgan": VQGAN, "dvae": DVAE, "bart": DalleBart, "dalle": DalleTransformer, "clip": CLIP}
+_CLASSES = {"vqgan": make_vqgan, "dvae": DVAE, "bart": DalleBart, "dalle": DalleTransformer, "clip": CLIP}
 
 def required_files(cfg: RunConfig) -> tuple:
     "The files a model directory built from `cfg` must hold: config, tokenizer, its image tokenizer and its transformer."
@@ -128,4 +129,4 @@ def micro_models(seed: int = 0) -> Models:
                                     vision_mlp=64, text_vocab=text.vocab_size, text_len=12, text_width=32, text_layers=1,
                                     text_heads=4, text_mlp=64))
     r = nnx.Rngs(seed)
-    return Models(cfg, text, VQGAN(cfg.vqgan, rngs=r), DalleBart(cfg.bart, rngs=r), CLIP(cfg.clip, rngs=r))
+    return Models(cfg, text, make_vqgan(cfg.vqgan, rngs=r), DalleBart(cfg.bart, rngs=r), CLIP(cfg.clip, rngs=r))

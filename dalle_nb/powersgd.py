@@ -6,7 +6,6 @@ Docs: https://dalle-nb.github.io/dalle_nb/powersgd.html.md"""
 
 # %% ../nbs/09c_powersgd.ipynb #841156ec
 from __future__ import annotations
-import re
 from typing import Callable, NamedTuple
 import numpy as np
 import jax, jax.numpy as jnp
@@ -14,8 +13,7 @@ import optax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 # %% auto #0
-__all__ = ['orthogonalize', 'PowerSGDState', 'GradReduction', 'compressible', 'mean_reduction', 'powersgd', 'state_shardings',
-           'allreduce_bytes']
+__all__ = ['orthogonalize', 'PowerSGDState', 'GradReduction', 'compressible', 'mean_reduction', 'powersgd', 'state_shardings']
 
 # %% ../nbs/09c_powersgd.ipynb #e4d3756d
 def orthogonalize(p, rtol: float = 1e-4):
@@ -89,17 +87,3 @@ def state_shardings(state: PowerSGDState, params, param_shardings, axis: str = "
     packed = [s for x, s in zip(jax.tree.leaves(params), shards) if rank and compressible(x.shape, rank)]
     error = tuple(NamedSharding(s.mesh, P(axis, *s.spec)) for s in packed) if state.error else ()
     return PowerSGDState(tuple(rep for _ in state.q), error, rep)
-
-# %% ../nbs/09c_powersgd.ipynb #ce08e801
-_DTYPE_BYTES = {"f32": 4, "f16": 2, "bf16": 2, "f64": 8, "s32": 4, "u32": 4, "s8": 1, "u8": 1, "pred": 1}
-
-def allreduce_bytes(compiled_text: str) -> int:
-    "Bytes all-reduced by one run of a compiled program, summed over the `all-reduce` ops in its HLO text (per device)."
-    total = 0
-    for line in compiled_text.splitlines():
-        if "all-reduce(" not in line and "all-reduce-start(" not in line: continue
-        lhs = line.split("=", 1)[1] if "=" in line else line
-        head = lhs.split("all-reduce", 1)[0]
-        for dt, dims in re.findall(r"\b(f32|f16|bf16|f64|s32|u32|s8|u8|pred)\[([\d,]*)\]", head):
-            total += _DTYPE_BYTES[dt] * int(np.prod([int(d) for d in dims.split(",") if d] or [1]))
-    return total

@@ -21,15 +21,16 @@ from .data import Batches, blank_captions, encode_images
 from .text import TextEncoder
 from .images import to_float, to_uint8
 from .shapes import HELD_OUT, corrupt_caption
-from .vqgan import VQGAN, vqgan_loss, decoder_loss, init_codebook, restart_dead_codes, psnr
+from .factored import make_vqgan
+from .vqgan import vqgan_loss, decoder_loss, init_codebook, restart_dead_codes, psnr
 from .bart import DalleBart, bart_loss
 from .clip import CLIP, clip_loss
 from .train import fit
 
 # %% auto #0
 __all__ = ['VQGAN_STAGE', 'DECODER_STAGE', 'BART_STAGE', 'CLIP_STAGE', 'StageRun', 'Stage', 'train_stage', 'image_floats',
-           'restart_steps', 'image_batches', 'frozen_except', 'encode_dataset', 'TrainSetupError', 'token_stage',
-           'hard_negatives', 'reconstruct']
+           'restart_steps', 'image_batches', 'codes_used', 'frozen_except', 'encode_dataset', 'TrainSetupError',
+           'token_stage', 'hard_negatives', 'reconstruct']
 
 # %% ../nbs/11a_stages.ipynb #09b97b7a
 @dataclass
@@ -85,16 +86,20 @@ def image_batches(run): return Batches.on_mesh({"image": run.images}, run.sc.bat
 
 # %% ../nbs/11a_stages.ipynb #57adddbe
 def _vqgan_build(run):
-    model = sharded_init(lambda: VQGAN(run.cfg.vqgan, rngs=nnx.Rngs(run.sc.seed)), run.mesh)
+    model = sharded_init(lambda: make_vqgan(run.cfg.vqgan, rngs=nnx.Rngs(run.sc.seed)), run.mesh)
     init_codebook(model, to_float(run.images[:max(256, run.sc.batch_size)]), jax.random.key(run.sc.seed))
     return model
+
+def codes_used(ids, n: int):
+    "How many distinct ids appear in `ids` (a device scalar; `n` bounds the count, for a static shape)."
+    return (jnp.unique(ids, size=n, fill_value=-1) >= 0).sum()
 
 def _vqgan_evaluate(run):
     val, n = to_float(run.val_images[:256]), run.cfg.vqgan.n_codes
     @nnx.jit
     def evaluate(m, val):        # `val` an argument, not a constant XLA would try to fold
         ids = m.encode(val)
-        return {"psnr": psnr(m.decode(ids), val), "codes_used": (jnp.unique(ids, size=n, fill_value=-1) >= 0).sum()}
+        return {"psnr": psnr(m.decode(ids), val), "codes_used": codes_used(ids, n)}
     return lambda m: evaluate(m, val)
 
 def _vqgan_restarts(run):

@@ -105,8 +105,10 @@ class StepExtras(NamedTuple):
 
 def _replica_rules(rules, axis: str = "dp"):
     "`rules` without `axis`: inside one replica's computation the batch is split over the other data axes only."
-    drop = lambda v: v if v is None or v == axis else tuple(a for a in (v if isinstance(v, tuple) else (v,)) if a != axis) or None
-    return tuple((k, None if v == axis else drop(v)) for k, v in rules)
+    def drop(v):
+        kept = tuple(a for a in ((v,) if isinstance(v, str) else v or ()) if a != axis)
+        return kept[0] if len(kept) == 1 else kept or None
+    return tuple((k, drop(v)) for k, v in rules)
 
 def _merge_replicas(x):
     "One value of a variable each replica updated: the mean of floats (statistics), the first replica's otherwise."
@@ -166,9 +168,11 @@ def make_sharded_train_step(loss_fn, model, tx: optax.GradientTransformation, me
             mb = jax.tree.map(lambda x: jax.lax.with_sharding_constraint(x, data.spec), mb)
             loss, g, flags, metrics, rest = replica_grads(state.params, rest, mb, jax.random.fold_in(key, i), scales)
             return (jax.tree.map(jnp.add, gsum, g), jax.tree.map(jnp.add, fsum, flags), rest), (loss, metrics)
-        shapes = jax.eval_shape(lambda: replica_grads(state.params, state.rest, jax.tree.map(lambda x: x[0], micro), key, scales))
-        zeros = lambda t: jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), t)
-        (gsum, flags, rest), (losses, metrics) = jax.lax.scan(body, (zeros(shapes[1]), zeros(shapes[2]), state.rest), (micro, jnp.arange(k)))
+        gzero = (jax.tree.map(jnp.zeros_like, state.params) if reduce is None else jax.tree.map(       # laid out like the gradients
+            lambda s, v: jax.tree.map(lambda x: jax.lax.with_sharding_constraint(jnp.zeros((replicas, *x.shape), x.dtype), P("dp", *s.spec)), v),
+            shardings.params, state.params))
+        fzero = None if scales is None else jnp.zeros_like(scales)
+        (gsum, flags, rest), (losses, metrics) = jax.lax.scan(body, (gzero, fzero, state.rest), (micro, jnp.arange(k)))
         return losses.mean(), jax.tree.map(lambda x: x / k, gsum), flags, jax.tree.map(lambda m: m.mean(0), metrics), rest
 
     def train_step(state: TrainState, batch, key):

@@ -6,29 +6,24 @@ Docs: https://dalle-nb.github.io/dalle_nb/train_dalle.html.md"""
 
 # %% ../nbs/11b_train_dalle.ipynb #f58ffbe7
 from __future__ import annotations
-import jax.numpy as jnp
 from flax import nnx
 from .sharding import sharded_init
 from .images import to_float
 from .vqgan import psnr
 from .dvae import DVAE, dvae_loss
 from .dalle import DalleTransformer, dalle_loss
-from .stages import Stage, image_floats, image_batches, token_stage
+from .stages import Stage, image_floats, image_batches, token_stage, codes_used
 
 # %% auto #0
 __all__ = ['DVAE_STAGE', 'DALLE_STAGE']
 
 # %% ../nbs/11b_train_dalle.ipynb #abb3ea3b
-def _codes_used(ids, n: int):
-    "How many distinct ids appear (as a device scalar; `n` bounds the count for a static shape)."
-    return (jnp.unique(ids, size=n, fill_value=-1) >= 0).sum()
-
 def _dvae_evaluate(run):
     val, n = to_float(run.val_images[:256]), run.cfg.dvae.vocab_size
     @nnx.jit
     def evaluate(m, val):
         ids = m.encode(val)
-        return {"psnr": psnr(m.decode(ids), val), "codes_used": _codes_used(ids, n)}
+        return {"psnr": psnr(m.decode(ids), val), "codes_used": codes_used(ids, n)}
     return lambda m: evaluate(m, val)
 
 DVAE_STAGE = Stage("dvae", lambda run: sharded_init(lambda: DVAE(run.cfg.dvae, rngs=nnx.Rngs(run.sc.seed)), run.mesh),

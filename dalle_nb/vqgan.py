@@ -14,10 +14,9 @@ from .config import VQGANConfig, F16_VQGAN
 from .layers import Conv, param, swish, dtype_of, abstract_module
 
 # %% auto #0
-__all__ = ['COLOR_DIM', 'GroupNorm', 'ResnetBlock', 'AttnBlock', 'Downsample', 'Upsample', 'space_to_depth', 'depth_to_space',
-           'Level', 'Mid', 'Encoder', 'Decoder', 'Usage', 'VectorQuantizer', 'VQGAN', 'figure_ground', 'patch_colors',
-           'PatchEncoder', 'psnr', 'image_gradients', 'vqgan_loss', 'decoder_loss', 'init_codebook',
-           'restart_dead_codes', 'show_reconstructions', 'vqgan_param_counts']
+__all__ = ['GroupNorm', 'ResnetBlock', 'AttnBlock', 'Downsample', 'Upsample', 'space_to_depth', 'depth_to_space', 'Level', 'Mid',
+           'Encoder', 'Decoder', 'Usage', 'VectorQuantizer', 'VQGAN', 'psnr', 'image_gradients', 'vqgan_loss',
+           'decoder_loss', 'init_codebook', 'restart_dead_codes', 'show_reconstructions', 'vqgan_param_counts']
 
 # %% ../nbs/05_vqgan.ipynb #fa4e306f
 class GroupNorm(nnx.Module):
@@ -191,17 +190,21 @@ class VectorQuantizer(nnx.Module):
 # %% ../nbs/05_vqgan.ipynb #18935d31
 class VQGAN(nnx.Module):
     "A taming-transformers VQGAN: `encode` images → ids, `decode` ids → images, `__call__` → reconstruction + losses."
+    factored = False     # one code per patch (`dalle_nb.factored.FactoredVQGAN`: an outline code and a colour code)
+
     def __init__(self, cfg: VQGANConfig, *, rngs: nnx.Rngs):
+        if cfg.factored != self.factored:
+            raise ValueError(f"{type(self).__name__}: color_codes={cfg.color_codes} asks for " + ("factored tokens: build dalle_nb.factored.FactoredVQGAN "
+                             "(make_vqgan picks the class)" if cfg.factored else "one code per patch: build a VQGAN"))
         enc = not cfg.decoder_only
-        self.encoder = (PatchEncoder(cfg, rngs=rngs) if cfg.factored else Encoder(cfg, rngs=rngs)) if enc else None
+        self.encoder = self._encoder(cfg, rngs) if enc else None
         self.decoder = Decoder(cfg, rngs=rngs)
         self.quant_conv = Conv(cfg.z_channels, cfg.embed_dim, 1, dtype=cfg.dtype, rngs=rngs) if enc else None
         self.quantize = VectorQuantizer(cfg.n_embed, cfg.embed_dim, cfg.beta, rngs=rngs)
         self.post_quant_conv = Conv(cfg.embed_dim, cfg.z_channels, 1, dtype=cfg.dtype, rngs=rngs)
-        # factored tokens (`color_codes > 0`): a second codebook, of patch colours, read by the decoder through its own 1×1 conv
-        self.quantize_color = VectorQuantizer(cfg.color_codes, COLOR_DIM, cfg.beta, rngs=rngs) if cfg.factored else None
-        self.post_color_conv = Conv(COLOR_DIM, cfg.z_channels, 1, dtype=cfg.dtype, rngs=rngs) if cfg.factored else None
         self.cfg = cfg
+
+    def _encoder(self, cfg, rngs): return Encoder(cfg, rngs=rngs)
 
     def _pixels(self, images):
         if self.encoder is None:
@@ -211,86 +214,42 @@ class VQGAN(nnx.Module):
             raise ValueError(f"VQGAN: expected images [B, {self.cfg.resolution}, {self.cfg.resolution}, {self.cfg.in_channels}], got {x.shape}")
         return x
 
-    def features(self, images):
-        "Pre-quantisation encoder vectors `[B, g, g, embed_dim]` of images in [0, 1] (factored: of their outlines)."
-        x = self._pixels(images)
-        if self.cfg.factored: x = figure_ground(x, self.cfg.factor)
+    def _encode(self, x):
         if self.cfg.signed_input: x = x * 2 - 1
         return self.quant_conv(self.encoder(x))
 
-    def color_features(self, images):
-        "Factored only: each patch's colour vector `[B, g, g, 4]` (see `patch_colors`)."
-        return patch_colors(self._pixels(images), self.cfg.factor)
+    def features(self, images):
+        "Pre-quantisation encoder vectors `[B, g, g, embed_dim]` of images in [0, 1]."
+        return self._encode(self._pixels(images))
 
     def encode(self, images):
-        "Token ids `[B, n_tokens]` (row-major; factored: outline id, colour id per patch) of images in [0, 1]."
-        ids = self.quantize.lookup(self.features(images))
-        if self.cfg.factored:
-            ids = jnp.stack([ids, self.cfg.n_embed + self.quantize_color.lookup(self.color_features(images))], -1)
-        return ids.reshape(images.shape[0], -1)
+        "Token ids `[B, n_tokens]` (row-major) of images in [0, 1]."
+        return self.quantize.lookup(self.features(images)).reshape(images.shape[0], -1)
+
+    def _ids(self, ids):
+        ids = jnp.asarray(ids)
+        if ids.shape[-1] != self.cfg.n_tokens: raise ValueError(f"VQGAN: expected {self.cfg.n_tokens} token ids per image, got {ids.shape[-1]}")
+        return ids
 
     def latents(self, ids):
-        "Codebook vectors of token ids `[B, n_tokens]`: `(codes [B, g, g, embed_dim], colours [B, g, g, 4] or None)`."
-        g, ids = self.cfg.grid, jnp.asarray(ids)
-        if ids.shape[-1] != self.cfg.n_tokens: raise ValueError(f"VQGAN: expected {self.cfg.n_tokens} token ids per image, got {ids.shape[-1]}")
-        if not self.cfg.factored: return self.quantize.embed(ids.reshape(-1, g, g)), None
-        t = ids.reshape(-1, g, g, 2)      # an id from the other codebook's range is read as the nearest id of the right one
-        outline = jnp.clip(t[..., 0], 0, self.cfg.n_embed - 1)
-        color = jnp.clip(t[..., 1] - self.cfg.n_embed, 0, self.cfg.color_codes - 1)
-        return self.quantize.embed(outline), self.quantize_color.embed(color)
+        "What `decode_latents` reads for token ids `[B, n_tokens]`, as a tuple: here the codes `[B, g, g, embed_dim]`."
+        return (self.quantize.embed(self._ids(ids).reshape(-1, self.cfg.grid, self.cfg.grid)),)
 
-    def decode_latents(self, zq, zc=None):
-        z = self.post_quant_conv(zq)
-        if zc is not None: z = z + self.post_color_conv(zc.astype(z.dtype))
-        return self.decoder(z).astype(jnp.float32)
+    def decode_latents(self, zq):
+        return self.decoder(self.post_quant_conv(zq)).astype(jnp.float32)
 
     def decode(self, ids):
         "Images in [0, 1], `[B, H, W, 3]`, of token ids `[B, n_tokens]`."
         return jnp.clip(self.decode_latents(*self.latents(ids)), 0.0, 1.0)
 
+    def codebooks(self) -> list:
+        "`(quantizer, features of images)` for each codebook (what `init_codebook` and `restart_dead_codes` look after)."
+        return [(self.quantize, self.features)]
+
     def __call__(self, images, update_usage: bool = False):
         "Reconstruction (unclipped) and `{ids, codebook losses, perplexity}`."
         zq, ids, losses = self.quantize(self.features(images), update_usage)
-        zc = None
-        if self.cfg.factored:
-            zc, cids, closs = self.quantize_color(self.color_features(images), update_usage)
-            ids = jnp.stack([ids, self.cfg.n_embed + cids], -1)
-            losses = {**{k: losses[k] + closs[k] for k in ("codebook", "commit", "loss")},
-                      "perplexity": losses["perplexity"], "color_perplexity": closs["perplexity"]}
-        return self.decode_latents(zq, zc), {**losses, "ids": ids.reshape(images.shape[0], -1)}
-
-# %% ../nbs/05_vqgan.ipynb #aba97427
-COLOR_DIM = 4       # a patch colour vector: mean RGB of its figure pixels, and how much figure it has
-
-def figure_ground(x, p: int, floor: float = 0.1):
-    "`[B, H, W, 1]` in [0, 1]: each pixel's distance from the background colour (the median border pixel) over the largest in its `p × p` patch (0 where that is below `floor`)."
-    border = jnp.concatenate([x[:, 0], x[:, -1], x[:, :, 0], x[:, :, -1]], 1).astype(jnp.float32)
-    bg = jnp.median(border, axis=1)
-    d = jnp.sqrt(((x.astype(jnp.float32) - bg[:, None, None]) ** 2).sum(-1, keepdims=True))
-    top = space_to_depth(d, p).max(-1)
-    top = jnp.repeat(jnp.repeat(top, p, 1), p, 2)[..., None]
-    return jnp.where(top < floor, 0.0, d / jnp.maximum(top, floor)).astype(x.dtype)   # faint noise only: no figure
-
-def patch_colors(x, p: int):
-    "`[B, H/p, W/p, 4]`: per `p × p` patch, the mean colour of its figure pixels (weighted by `figure_ground`) and its largest weight."
-    w = space_to_depth(figure_ground(x, p), p).astype(jnp.float32)                 # [B, g, g, p²]
-    px = space_to_depth(x.astype(jnp.float32), p)
-    px = px.reshape(*px.shape[:3], p * p, -1)                                       # [B, g, g, p², 3]
-    mean = (px * w[..., None]).sum(-2) / jnp.maximum(w.sum(-1, keepdims=True), 1e-6)
-    has = w.max(-1, keepdims=True)
-    return jnp.concatenate([mean * has, has], -1).astype(x.dtype)
-
-class PatchEncoder(nnx.Module):
-    "The outline stream's encoder: each `factor × factor` patch of a one-channel map → `[z_channels]`, by an MLP that sees only that patch."
-    def __init__(self, cfg: VQGANConfig, *, rngs: nnx.Rngs):
-        f, h = cfg.factor, cfg.ch * cfg.ch_mult[-1]
-        self.fc1 = Conv(f * f, h, 1, dtype=cfg.dtype, rngs=rngs)
-        self.fc2 = Conv(h, h, 1, dtype=cfg.dtype, rngs=rngs)
-        self.fc3 = Conv(h, cfg.z_channels, 1, dtype=cfg.dtype, rngs=rngs)
-        self.factor = f
-
-    def __call__(self, x):
-        return self.fc3(swish(self.fc2(swish(self.fc1(space_to_depth(x, self.factor))))))
+        return self.decode_latents(zq), {**losses, "ids": ids.reshape(images.shape[0], -1)}
 
 # %% ../nbs/05_vqgan.ipynb #dceef882
 def psnr(a, b) -> jax.Array:
@@ -317,17 +276,13 @@ def vqgan_loss(model: VQGAN, images, l1: float = 1.0, l2: float = 1.0, edge: flo
 def decoder_loss(model: VQGAN, images, l1: float = 1.0, l2: float = 1.0):
     "`l1·L1 + l2·L2` reconstruction loss through the decoder only: the codes of `images` are looked up without gradient."
     images = jnp.asarray(images, jnp.float32)
-    zq, zc = jax.tree.map(jax.lax.stop_gradient, model.latents(model.encode(images)))
-    recon = model.decode_latents(zq, zc)
+    codes = jax.tree.map(jax.lax.stop_gradient, model.latents(model.encode(images)))
+    recon = model.decode_latents(*codes)
     err = recon - images
     loss = l1 * jnp.abs(err).mean() + l2 * (err ** 2).mean()
     return loss, {"loss": loss, "psnr": psnr(jnp.clip(recon, 0, 1), images)}
 
 # %% ../nbs/05_vqgan.ipynb #1c675996
-def _codebooks(model: VQGAN):
-    "`(quantizer, features of images)` for each codebook: one, or the outline's and the colours' of a factored VQGAN."
-    return [(model.quantize, model.features)] + ([(model.quantize_color, model.color_features)] if model.cfg.factored else [])
-
 def _sample_features(q: VectorQuantizer, features, images, key, n: int, weighted: bool = True):
     "`n` encoder vectors of `images`, drawn with probability ∝ their squared distance to `q`'s nearest code (if `weighted`)."
     f = features(images).astype(jnp.float32)
@@ -344,7 +299,7 @@ def _sample_features(q: VectorQuantizer, features, images, key, n: int, weighted
 @nnx.jit
 def init_codebook(model: VQGAN, images, key, rounds: int = 8):
     "Spread each codebook over the encoder vectors of `images`: k-means++-like, `rounds` rounds of error-weighted draws."
-    for j, (q, features) in enumerate(_codebooks(model)):
+    for j, (q, features) in enumerate(model.codebooks()):
         key_j, n = jax.random.fold_in(key, 1000 * j), q.embedding.shape[0]
         q.embedding[...] = _sample_features(q, features, images, key_j, n, weighted=False).astype(q.embedding.dtype)
         per = -(-n // rounds)
@@ -356,7 +311,7 @@ def init_codebook(model: VQGAN, images, key, rounds: int = 8):
 def restart_dead_codes(model: VQGAN, images, key, threshold: float = 0.03) -> jax.Array:
     "Move codes used less than `threshold / n` of the time (`n` codes in their codebook) to poorly represented encoder vectors; returns how many moved."
     moved = 0
-    for j, (q, features) in enumerate(_codebooks(model)):
+    for j, (q, features) in enumerate(model.codebooks()):
         n = q.embedding.shape[0]
         dead = q.usage[...] < threshold / n
         fresh = _sample_features(q, features, images, jax.random.fold_in(key, 1000 * j), n).astype(q.embedding.dtype)
@@ -376,11 +331,11 @@ def show_reconstructions(model: VQGAN, images, n: int = 8, title: str = "origina
                        titles=[""] * len(x) + [f"{s:.1f} dB" for s in scores], title=title)
 
 # %% ../nbs/05_vqgan.ipynb #f2b10d31
-def vqgan_param_counts(cfg: VQGANConfig) -> dict:
-    "Parameter counts of the encoder, decoder, codebook + 1×1 convs, and total, from an abstract model."
-    m = abstract_module(lambda: VQGAN(cfg, rngs=nnx.Rngs(0)))
+def vqgan_param_counts(cfg: VQGANConfig, cls=None) -> dict:
+    "Parameter counts of the encoder, decoder, codebooks + 1×1 convs, and total, from an abstract `cls` (default `VQGAN`) model."
+    m = abstract_module(lambda: (cls or VQGAN)(cfg, rngs=nnx.Rngs(0)))
     count = lambda mod: 0 if mod is None else sum(int(np.prod(v.shape)) for v in jax.tree.leaves(nnx.state(mod, nnx.Param)))
     out = {"encoder": count(m.encoder), "decoder": count(m.decoder)}
-    out["quantizer"] = sum(count(getattr(m, k)) for k in ("quantize", "quant_conv", "post_quant_conv", "quantize_color", "post_color_conv"))
-    out["total"] = sum(out.values())
+    out["total"] = count(m)
+    out["quantizer"] = out["total"] - out["encoder"] - out["decoder"]
     return out

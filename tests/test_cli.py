@@ -167,7 +167,7 @@ MICRO = ["data.n_train=256", "data.n_val=64",
 
 def test_train_then_retrain_one_stage_then_generate(tmp_path):
     sets = [a for o in MICRO for a in ("--set", o)]
-    r = run("train", "--workdir", str(tmp_path / "w"), *sets, "--quiet", cwd=tmp_path)
+    r = run("train", "--workdir", str(tmp_path / "w"), *sets, "--powersgd", "2", "--quiet", cwd=tmp_path)   # the BART with PowerSGD
     assert r.returncode == 0, r.stderr
     model = tmp_path / "w" / "model"
     assert f"model directory: {model}" in r.stdout
@@ -176,7 +176,7 @@ def test_train_then_retrain_one_stage_then_generate(tmp_path):
     assert r.returncode == 0, r.stderr
     card = (model / "MODEL_CARD.md").read_text()
     made = [l for l in card.splitlines() if l.startswith("- `dalle-nb train")]
-    assert len(made) == 2 and made[0].endswith("→ vqgan, decoder, bart, clip") and made[1].endswith("--stages clip` → clip")
+    assert len(made) == 2 and made[0].endswith("--powersgd 2` → vqgan, decoder, bart, clip") and made[1].endswith("--stages clip` → clip")
     assert [l.split("|")[1].strip() for l in card.splitlines() if l.startswith("| ") and "stage" not in l] == ["vqgan", "decoder", "bart", "clip"]
     assert "| clip | 12 | 16 | shampoo |" in card and "| bart | 8 | 16 | adam |" in card
     r = run("generate", "a red circle", "--n", "2", "--model", str(model), "--out", str(tmp_path / "o"), cwd=tmp_path)

@@ -79,13 +79,13 @@ def test_factored_tokens_through_the_pipeline(tmp_path):
     from dataclasses import replace
     from flax import nnx
     from dalle_nb.modeldir import Models
-    from dalle_nb.vqgan import VQGAN
+    from dalle_nb.factored import make_vqgan
     from dalle_nb.bart import DalleBart
     m = micro_models(seed=3)
     vq = replace(m.cfg.vqgan, n_embed=16, color_codes=8)
     cfg = replace(m.cfg, vqgan=vq, bart=replace(m.cfg.bart, image_codes=vq.n_codes, image_vocab=vq.n_codes, image_len=vq.n_tokens))
     assert (vq.grid, vq.n_tokens, vq.n_codes) == (4, 32, 24)
-    models = Models(cfg, m.text, VQGAN(vq, rngs=nnx.Rngs(0)), DalleBart(cfg.bart, rngs=nnx.Rngs(1)), m.clip)
+    models = Models(cfg, m.text, make_vqgan(vq, rngs=nnx.Rngs(0)), DalleBart(cfg.bart, rngs=nnx.Rngs(1)), m.clip)
     pipe = Pipeline(models, batch_size=4)
     r = pipe("a red circle", n=3, rerank=2, seed=4)
     assert r.tokens.shape == (2, 32) and r.images.shape == (2, 16, 16, 3) and r.scores[0] >= r.scores[1]
