@@ -17,16 +17,10 @@ __all__ = ['orthogonalize', 'PowerSGDState', 'GradReduction', 'compressible', 'm
 
 # %% ../nbs/09c_powersgd.ipynb #e4d3756d
 def orthogonalize(p, rtol: float = 1e-4):
-    "Columns of `p` `[n, r]` made orthonormal by Gram–Schmidt (a column with nothing left after the projections becomes zero)."
-    cols = []
-    for j in range(p.shape[1]):
-        v0 = p[:, j]
-        v = v0
-        for u in cols: v = v - (u @ v) * u
-        n = jnp.linalg.norm(v)
-        keep = n > rtol * jnp.linalg.norm(v0) + 1e-30
-        cols.append(jnp.where(keep, v / jnp.where(keep, n, 1.0), 0.0))
-    return jnp.stack(cols, axis=1)
+    "Columns of `p` `[n, r]` made orthonormal by a QR decomposition (a column with nothing left beyond the earlier ones becomes zero)."
+    q, r = jnp.linalg.qr(p.astype(jnp.float32))
+    keep = jnp.abs(jnp.diagonal(r)) > rtol * jnp.linalg.norm(p, axis=0) + 1e-30
+    return jnp.where(keep, q, 0.0)
 
 # %% ../nbs/09c_powersgd.ipynb #f91fb74c
 class PowerSGDState(NamedTuple):

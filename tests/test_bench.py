@@ -65,3 +65,15 @@ def test_optimizers_runs(tmp_path):
         "--eval-every", 1, "--out", tmp_path)
     res = json.loads((tmp_path / "optimizers.json").read_text())
     assert res and (tmp_path / "optimizers.png").exists() and (tmp_path / "optimizers.md").exists()
+
+
+def test_paper_techniques_runs(tmp_path):
+    run("paper_techniques", "--steps", 2, "--batch", 8, "--ranks", 2, "--n-train", 16, "--n-val", 8, "--fp16-steps", 2,
+        "--loss-scales", "2^-10", "--no-reference", "--layers", 1, "--d-model", 32, "--tail", 2, "--dp", 2, "--out", tmp_path)
+    res = json.loads((tmp_path / "paper_techniques.json").read_text())
+    assert {"date", "machine", "command", "jax", "powersgd", "fp16"} <= set(res)
+    plain, psgd = res["powersgd"]
+    assert (plain["rank"], psgd["rank"]) == (0, 2) and 0 < psgd["allreduce_bytes"] < plain["allreduce_bytes"]
+    assert all(r["train_loss"] > 0 and r["step_s"] > 0 for r in res["powersgd"])
+    assert [r["per_block"] for r in res["fp16"]] == [False, True] and all(0 <= r["frozen_fraction"] <= 1 for r in res["fp16"])
+    assert res["fp16"][1]["overflowed_blocks_mean"] is not None and (tmp_path / "paper_techniques.png").stat().st_size > 0
