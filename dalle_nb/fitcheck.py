@@ -40,19 +40,15 @@ def libtpu_available() -> bool:
 
 def layout_mesh(layout: str, devices):
     "A `('dp','fsdp','mp')` mesh over `devices` from a layout string (`'dp=-1,mp=8'`), in the hardware's preferred order."
-    import numpy as np
-    from jax.sharding import Mesh, AxisType
+    from jax.sharding import Mesh
     from jax.experimental import mesh_utils
-    from dalle_nb.sharding import MESH_AXES
+    from dalle_nb.sharding import make_mesh
     sizes = parse_mesh(layout)
-    known = int(np.prod([s for s in sizes.values() if s != -1]))
-    if -1 in sizes.values(): sizes = {k: len(devices) // known if v == -1 else v for k, v in sizes.items()}
-    if int(np.prod(list(sizes.values()))) != len(devices):
-        raise FitError(f"mesh {layout!r} = {sizes} needs {int(np.prod(list(sizes.values())))} devices; the topology has {len(devices)}")
-    shape = [sizes[a] for a in MESH_AXES]
-    try: grid = mesh_utils.create_device_mesh(shape, list(devices), allow_split_physical_axes=True)
-    except Exception: grid = np.asarray(list(devices)).reshape(shape)
-    return Mesh(grid, MESH_AXES, axis_types=(AxisType.Auto,) * 3)
+    try: plain = make_mesh(**sizes, devices=devices)                      # sizes checked, -1 resolved; devices in list order
+    except ValueError as e: raise FitError(f"mesh {layout!r}: {e}") from None
+    try: grid = mesh_utils.create_device_mesh(plain.devices.shape, list(devices), allow_split_physical_axes=True)
+    except Exception: return plain
+    return Mesh(grid, plain.axis_names, axis_types=plain.axis_types)
 
 # %% ../nbs/15a_fitcheck.ipynb #b02e0790
 @dataclass
