@@ -1,7 +1,7 @@
 """Does DALL·E Mega's BART train step fit a TPU v3-256? AOT-compile it for topology v3:8x16 in several configurations.
 
 Each configuration is one `dalle-nb pod fit` call (a subprocess: every compile starts from a clean process), and its
-report is merged into bench/results/pod/fit_check.json, which BENCHMARKS.md and nbs/15a_fitcheck.ipynb read. Needs libtpu
+report is merged into bench/results/pod/fit_check.json, which BENCHMARKS.md and nbs/16a_fitcheck.ipynb read. Needs libtpu
 (`pip install -e ".[tpu]"`); no TPU. A full Mega compile takes minutes and several GB of RAM: run it niced, alone.
 
     python bench/fit_check.py                      # every configuration below

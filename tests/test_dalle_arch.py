@@ -1,6 +1,6 @@
 """The DALL·E paper's system next to DALL·E Mega's: a DALL·E-arch model directory through the pipeline and the CLI,
 image prompts, the shipped model's sampling unchanged, per-resblock gradient scaling in float16 (PowerSGD and the
-scaling inside the train step: nbs/11_train.ipynb; their flags: below)."""
+scaling inside the train step: nbs/15_train.ipynb; their flags: below)."""
 import os, re, shutil, subprocess, sys
 from dataclasses import replace
 from pathlib import Path

@@ -1,6 +1,6 @@
 """Sharding across notebooks: the golden Mega layout, scanned vs unrolled layers (with remat), and sampling that gives
 the same images on 1 or 8 devices. (The sharded train step itself — accumulation, meshes, skipped non-finite steps,
-checkpoints restored on another mesh — is checked in nbs/11_train.ipynb; multi-process and kill tests have their own
+checkpoints restored on another mesh — is checked in nbs/15_train.ipynb; multi-process and kill tests have their own
 files.)
 
 Regenerate the golden file after a deliberate change of the rules or the model:

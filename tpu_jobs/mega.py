@@ -1,4 +1,4 @@
-"""DALL·E Mega's BART on a TPU v3-256, through `dalle_nb.pod` (the API `dalle-nb pod …` and nbs/15_pod.ipynb use) and `dalle_nb.fitcheck`.
+"""DALL·E Mega's BART on a TPU v3-256, through `dalle_nb.pod` (the API `dalle-nb pod …` and nbs/16_pod.ipynb use) and `dalle_nb.fitcheck`.
 
 Dry run (the default) — prints every command it would run:
 
