@@ -18,10 +18,17 @@ from .layers import LOGICAL_AXES, logical_to_spec, abstract_module
 from .config import parse_mesh
 
 # %% auto #0
-__all__ = ['MESH_AXES', 'RULES', 'unnamed_params', 'make_mesh', 'mesh_from_spec', 'use_mesh', 'state_specs', 'fit_spec',
-           'state_shardings', 'sharded_init', 'bytes_per_device', 'partition_specs', 'batch_sharding', 'data_shards',
-           'shard_batch', 'batch_slice', 'global_batch', 'distributed_settings', 'init_distributed', 'is_primary',
-           'to_host', 'place']
+__all__ = ['MESH_AXES', 'RULES', 'simulate_devices', 'unnamed_params', 'make_mesh', 'mesh_from_spec', 'use_mesh', 'state_specs',
+           'fit_spec', 'state_shardings', 'sharded_init', 'bytes_per_device', 'partition_specs', 'batch_sharding',
+           'data_shards', 'shard_batch', 'batch_slice', 'global_batch', 'distributed_settings', 'init_distributed',
+           'is_primary', 'to_host', 'place']
+
+# %% ../nbs/12_sharding.ipynb #ff5e8582
+def simulate_devices(n: int = 8) -> int:
+    "Ask for `n` simulated CPU devices (before JAX starts a backend); returns how many devices JAX has."
+    try: jax.config.update("jax_num_cpu_devices", n)
+    except RuntimeError: pass   # a backend already exists (XLA_FLAGS or an earlier cell chose the count)
+    return jax.device_count()
 
 # %% ../nbs/12_sharding.ipynb #bf5634eb
 MESH_AXES = ("dp", "fsdp", "mp")
