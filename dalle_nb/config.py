@@ -10,10 +10,11 @@ import dataclasses, json, math, re
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
+from fastcore.basics import patch
 
 # %% auto #0
-__all__ = ['LN_TYPES', 'LN_POSITIONS', 'TEXT_NORMALIZERS', 'RECON_LOSSES', 'ATTN_KINDS', 'ARCHS', 'IMAGE_TOKENIZERS', 'F16_VQGAN',
-           'CLIP_VIT_B32', 'PAPER_DVAE', 'PRESETS', 'VQGANConfig', 'BartConfig', 'CLIPConfig', 'DVAEConfig',
+__all__ = ['LN_TYPES', 'LN_POSITIONS', 'TEXT_NORMALIZERS', 'RECON_LOSSES', 'ATTN_KINDS', 'ARCHS', 'IMAGE_TOKENIZERS', 'PRESETS',
+           'F16_VQGAN', 'CLIP_VIT_B32', 'PAPER_DVAE', 'VQGANConfig', 'BartConfig', 'CLIPConfig', 'DVAEConfig',
            'DalleConfig', 'parse_mesh', 'DataConfig', 'StageConfig', 'SampleConfig', 'RunConfig', 'to_dict',
            'from_dict', 'override', 'save_config', 'load_config', 'get_config']
 
@@ -95,10 +96,16 @@ class BartConfig:
         if self.remat not in ("none", "full"): raise ValueError(f"BartConfig: remat must be 'none' or 'full', got {self.remat!r}")
         if self.text_normalizer not in TEXT_NORMALIZERS: raise ValueError(f"BartConfig: text_normalizer must be one of {TEXT_NORMALIZERS}, got {self.text_normalizer!r}")
 
-    @property
-    def bos_id(self) -> int: return self.image_codes
-    @property
-    def head_dim(self) -> int: return self.d_model // self.heads
+# %% ../nbs/00_config.ipynb #ca2e322e
+@patch(as_prop=True)
+def bos_id(self: BartConfig) -> int:
+    "The id fed to the decoder before the first image token: `image_codes`."
+    return self.image_codes
+
+@patch(as_prop=True)
+def head_dim(self: BartConfig) -> int:
+    "Width of one attention head."
+    return self.d_model // self.heads
 
 # %% ../nbs/00_config.ipynb #0413af5c
 @dataclass(frozen=True)
@@ -165,16 +172,31 @@ class DVAEConfig:
         if not 0 < self.tau_end <= self.tau_start: raise ValueError(f"DVAEConfig: need 0 < tau_end <= tau_start, got {self.tau_end}, {self.tau_start}")
         if self.kl_weight < 0 or self.usage_weight < 0: raise ValueError(f"DVAEConfig: kl_weight={self.kl_weight} and usage_weight={self.usage_weight} must be >= 0")
 
-    @property
-    def factor(self) -> int: return self.patch * 2 ** (self.group_count - 1)
-    @property
-    def grid(self) -> int: return self.resolution // self.factor
-    @property
-    def n_tokens(self) -> int: return self.grid ** 2
-    @property
-    def n_embed(self) -> int: return self.vocab_size
-    @property
-    def n_codes(self) -> int: return self.vocab_size
+# %% ../nbs/00_config.ipynb #15138523
+@patch(as_prop=True)
+def factor(self: DVAEConfig) -> int:
+    "Downsampling factor: the patch folding times one halving per group after the first."
+    return self.patch * 2 ** (self.group_count - 1)
+
+@patch(as_prop=True)
+def grid(self: DVAEConfig) -> int:
+    "Codes per side."
+    return self.resolution // self.factor
+
+@patch(as_prop=True)
+def n_tokens(self: DVAEConfig) -> int:
+    "Codes per image."
+    return self.grid ** 2
+
+@patch(as_prop=True)
+def n_embed(self: DVAEConfig) -> int:
+    "Codebook size (`vocab_size`), under the VQGAN's name."
+    return self.vocab_size
+
+@patch(as_prop=True)
+def n_codes(self: DVAEConfig) -> int:
+    "Ids a transformer over these codes must predict (`vocab_size`)."
+    return self.vocab_size
 
 # %% ../nbs/00_config.ipynb #433dccb5
 ATTN_KINDS = ("row", "column", "conv", "full")
@@ -208,17 +230,27 @@ class DalleConfig:
         if bad: raise ValueError(f"DalleConfig: unknown attention kind(s) {bad}; choose from {ATTN_KINDS}")
         if len(kinds) != self.layers: raise ValueError(f"DalleConfig: attn_types lists {len(kinds)} kinds for {self.layers} layers")
 
-    @property
-    def layer_kinds(self) -> tuple:
-        "The attention kind of each layer: `attn_types`, or the paper's rule."
-        if self.attn_types.strip(): return tuple(k.strip() for k in self.attn_types.split(","))
-        return tuple("conv" if i == self.layers else "column" if (i - 2) % 4 == 0 else "row" for i in range(1, self.layers + 1))
-    @property
-    def image_len(self) -> int: return self.image_grid ** 2
-    @property
-    def seq_len(self) -> int: return self.text_len + self.image_len
-    @property
-    def head_dim(self) -> int: return self.d_model // self.heads
+# %% ../nbs/00_config.ipynb #f216c8bf
+@patch(as_prop=True)
+def layer_kinds(self: DalleConfig) -> tuple:
+    "The attention kind of each layer: `attn_types`, or the paper's rule."
+    if self.attn_types.strip(): return tuple(k.strip() for k in self.attn_types.split(","))
+    return tuple("conv" if i == self.layers else "column" if (i - 2) % 4 == 0 else "row" for i in range(1, self.layers + 1))
+
+@patch(as_prop=True)
+def image_len(self: DalleConfig) -> int:
+    "Image tokens per image."
+    return self.image_grid ** 2
+
+@patch(as_prop=True)
+def seq_len(self: DalleConfig) -> int:
+    "Text then image positions."
+    return self.text_len + self.image_len
+
+@patch(as_prop=True)
+def head_dim(self: DalleConfig) -> int:
+    "Width of one attention head."
+    return self.d_model // self.heads
 
 # %% ../nbs/00_config.ipynb #30ccaa3a
 def parse_mesh(spec: str) -> dict:
@@ -243,6 +275,7 @@ class DataConfig:
     n_heldout: int = 1_000
     seed: int = 0
 
+# %% ../nbs/00_config.ipynb #0bcdcf81
 @dataclass(frozen=True)
 class StageConfig:
     "How one training stage runs: steps, batch, optimiser and schedule, logging and checkpoints."
@@ -277,20 +310,25 @@ class StageConfig:
     loss_scale: float = 1.0           # loss multiplied by this before differentiating, gradients divided back (float16 training)
     block_grad_scale: bool = False    # per-resblock gradient scales (a model whose loss takes residual=: the dalle arch)
 
-    def __post_init__(self):
-        if self.optimizer not in ("adam", "adafactor", "shampoo"): raise ValueError(f"StageConfig: unknown optimizer {self.optimizer!r}; choose from adam, adafactor, shampoo")
-        if self.shampoo_graft not in ("sgd", "adagrad", "adagrad_normalized", "rmsprop", "rmsprop_normalized"):
-            raise ValueError(f"StageConfig: shampoo_graft must be sgd, adagrad, adagrad_normalized, rmsprop or rmsprop_normalized, got {self.shampoo_graft!r}")
-        if self.shampoo_every < 1 or self.shampoo_block < 1: raise ValueError("StageConfig: shampoo_every >= 1 and shampoo_block >= 1 are required")
-        if self.decay not in ("cosine", "constant"): raise ValueError(f"StageConfig: decay must be 'cosine' or 'constant', got {self.decay!r}")
-        if not 0 <= self.blank_caption_prob <= 1: raise ValueError(f"StageConfig: blank_caption_prob={self.blank_caption_prob} is not in [0, 1]")
-        if self.powersgd_rank < 0 or not self.loss_scale > 0: raise ValueError(f"StageConfig: powersgd_rank >= 0 and loss_scale > 0 are required, got {self.powersgd_rank} and {self.loss_scale}")
-        if self.steps < 0 or self.batch_size < 1 or self.grad_accum < 1: raise ValueError("StageConfig: steps >= 0, batch_size >= 1 and grad_accum >= 1 are required")
-        if list(self.extended_from) != sorted(set(self.extended_from)) or any(not 0 < n < self.steps for n in self.extended_from):
-            raise ValueError(f"StageConfig: extended_from={self.extended_from} must rise, each between 0 and steps={self.steps}")
-        try: parse_mesh(self.mesh)
-        except ValueError: raise ValueError(f"StageConfig: mesh must look like 'dp=32,mp=8' (axes dp, fsdp, mp; sizes or -1), got {self.mesh!r}") from None
+    def __post_init__(self): _check_stage(self)
 
+# %% ../nbs/00_config.ipynb #9ec23cca
+def _check_stage(s: StageConfig):
+    "Raise `ValueError` for a stage setting outside its range."
+    if s.optimizer not in ("adam", "adafactor", "shampoo"): raise ValueError(f"StageConfig: unknown optimizer {s.optimizer!r}; choose from adam, adafactor, shampoo")
+    if s.shampoo_graft not in ("sgd", "adagrad", "adagrad_normalized", "rmsprop", "rmsprop_normalized"):
+        raise ValueError(f"StageConfig: shampoo_graft must be sgd, adagrad, adagrad_normalized, rmsprop or rmsprop_normalized, got {s.shampoo_graft!r}")
+    if s.shampoo_every < 1 or s.shampoo_block < 1: raise ValueError("StageConfig: shampoo_every >= 1 and shampoo_block >= 1 are required")
+    if s.decay not in ("cosine", "constant"): raise ValueError(f"StageConfig: decay must be 'cosine' or 'constant', got {s.decay!r}")
+    if not 0 <= s.blank_caption_prob <= 1: raise ValueError(f"StageConfig: blank_caption_prob={s.blank_caption_prob} is not in [0, 1]")
+    if s.powersgd_rank < 0 or not s.loss_scale > 0: raise ValueError(f"StageConfig: powersgd_rank >= 0 and loss_scale > 0 are required, got {s.powersgd_rank} and {s.loss_scale}")
+    if s.steps < 0 or s.batch_size < 1 or s.grad_accum < 1: raise ValueError("StageConfig: steps >= 0, batch_size >= 1 and grad_accum >= 1 are required")
+    if list(s.extended_from) != sorted(set(s.extended_from)) or any(not 0 < n < s.steps for n in s.extended_from):
+        raise ValueError(f"StageConfig: extended_from={s.extended_from} must rise, each between 0 and steps={s.steps}")
+    try: parse_mesh(s.mesh)
+    except ValueError: raise ValueError(f"StageConfig: mesh must look like 'dp=32,mp=8' (axes dp, fsdp, mp; sizes or -1), got {s.mesh!r}") from None
+
+# %% ../nbs/00_config.ipynb #4b4729fe
 @dataclass(frozen=True)
 class SampleConfig:
     "Default sampling settings (the CLI and the widget start from these)."
@@ -342,14 +380,26 @@ class RunConfig:
         if n_len != tok.n_tokens:
             raise ValueError(f"RunConfig: {model}.image_len={n_len} but {name} makes {tok.n_tokens} tokens per image")
 
-    @property
-    def tokenizer_cfg(self): return self.vqgan if self.image_tokenizer == "vqgan" else self.dvae
-    @property
-    def model_cfg(self): return self.bart if self.arch == "bart" else self.dalle
-    @property
-    def text_len(self) -> int: return self.bart.max_text_len if self.arch == "bart" else self.dalle.text_len
-    @property
-    def text_vocab(self) -> int: return self.bart.text_vocab if self.arch == "bart" else self.dalle.text_vocab
+# %% ../nbs/00_config.ipynb #2945b178
+@patch(as_prop=True)
+def tokenizer_cfg(self: RunConfig):
+    "The image tokenizer's config: `vqgan` or `dvae`, as `image_tokenizer` says."
+    return self.vqgan if self.image_tokenizer == "vqgan" else self.dvae
+
+@patch(as_prop=True)
+def model_cfg(self: RunConfig):
+    "The transformer's config: `bart` or `dalle`, as `arch` says."
+    return self.bart if self.arch == "bart" else self.dalle
+
+@patch(as_prop=True)
+def text_len(self: RunConfig) -> int:
+    "Text positions the transformer reads."
+    return self.bart.max_text_len if self.arch == "bart" else self.dalle.text_len
+
+@patch(as_prop=True)
+def text_vocab(self: RunConfig) -> int:
+    "The transformer's text vocabulary."
+    return self.bart.text_vocab if self.arch == "bart" else self.dalle.text_vocab
 
 # %% ../nbs/00_config.ipynb #37206b0b
 _NESTED = {"VQGANConfig": VQGANConfig, "BartConfig": BartConfig, "CLIPConfig": CLIPConfig, "DataConfig": DataConfig,
@@ -424,41 +474,18 @@ def load_config(path) -> RunConfig:
     try: return from_dict(d)
     except (TypeError, ValueError) as e: raise ValueError(f"{path}: {e}") from None
 
-# %% ../nbs/00_config.ipynb #86cef1c1
-F16_VQGAN = VQGANConfig(resolution=256, ch=128, ch_mult=(1, 1, 2, 2, 4), num_res_blocks=2, attn_resolutions=(16,),
-                        z_channels=256, embed_dim=256, n_embed=16384, norm_groups=32, norm_eps=1e-6, signed_input=False)
-CLIP_VIT_B32 = CLIPConfig(embed_dim=512, image_size=224, patch_size=32, vision_width=768, vision_layers=12, vision_heads=12,
-                          vision_mlp=3072, text_vocab=49408, text_len=77, text_width=512, text_layers=12, text_heads=8,
-                          text_mlp=2048, act="quick_gelu", pad_id=49407, eos_id=49407)
+# %% ../nbs/00_config.ipynb #532d5411
+PRESETS = {}   # name → function returning a fresh RunConfig; filled in below
 
-def _published(name, d, layers, heads, glu, text_vocab, image_vocab):
-    bart = BartConfig(text_vocab=text_vocab, image_codes=16384, image_vocab=image_vocab, max_text_len=64, image_len=256,
-                      d_model=d, encoder_layers=layers, decoder_layers=layers, heads=heads, glu_dim=glu,
-                      text_normalizer="dalle_mini")
-    stage = StageConfig(steps=100_000, batch_size=44, lr=1e-4, warmup_steps=10_000, decay="constant", optimizer="shampoo",
-                        b1=0.9, b2=0.99, grad_accum=3, blank_caption_prob=0.2, log_every=100, eval_every=2000, ckpt_every=2000,
-                        shampoo_block=2048, shampoo_every=10, shampoo_start=101, shampoo_graft="rmsprop_normalized",
-                        shampoo_nesterov=False, shampoo_skip_gt=4096, mesh="dp=-1,mp=8" if name == "mega" else "dp=-1")
-    sample = SampleConfig(n_candidates=8, rerank=4, cond_scale=10.0)   # dalle-mini's inference defaults
-    return RunConfig(name=name, vqgan=F16_VQGAN, bart=bart, clip=CLIP_VIT_B32, bart_train=stage, sample=sample)
+def get_config(preset: str = "tiny", overrides=()) -> RunConfig:
+    "The named preset with `section.field=value` overrides applied."
+    if preset not in PRESETS: raise ValueError(f"unknown preset {preset!r}; choose from {sorted(PRESETS)}")
+    return override(PRESETS[preset](), overrides)
 
-PAPER_DVAE = DVAEConfig(resolution=256, patch=1, n_hid=256, group_count=4, n_blk_per_group=2, n_init=128, vocab_size=8192,
-                        tau_steps=150_000, kl_warmup_steps=5_000)
-
-def _paper_dalle():
-    "The DALL·E paper's system: dVAE (32×32 of 8192 codes) + 64-layer sparse transformer (≈12B parameters)."
-    dalle = DalleConfig(text_vocab=16384, text_len=256, image_codes=8192, image_grid=32, d_model=3968, layers=64, heads=62,
-                        conv_kernel=11)
-    dvae_stage = StageConfig(steps=3_000_000, batch_size=512, lr=1e-4, warmup_steps=0, decay="cosine", min_lr_ratio=0.0125,
-                             b1=0.9, b2=0.999, weight_decay=1e-4, log_every=1000, eval_every=10_000, ckpt_every=10_000)
-    dalle_stage = StageConfig(steps=430_000, batch_size=1024, lr=4.5e-4, warmup_steps=5_000, decay="cosine", b1=0.9, b2=0.96,
-                              weight_decay=4.5e-2, grad_clip=4.0, log_every=100, eval_every=2000, ckpt_every=2000)
-    return RunConfig(name="dalle", arch="dalle", image_tokenizer="dvae", vqgan=F16_VQGAN, dvae=PAPER_DVAE, dalle=dalle,
-                     bart=BartConfig(text_vocab=16384, image_codes=16384, image_vocab=16384, max_text_len=256, image_len=256),
-                     clip=CLIP_VIT_B32, dvae_train=dvae_stage, dalle_train=dalle_stage)
-
-PRESETS = {
-    "tiny": lambda: RunConfig(
+# %% ../nbs/00_config.ipynb #2bdf2732
+def _tiny():
+    "The small shapes model notebooks and tests train on a laptop CPU."
+    return RunConfig(
         name="tiny",
         vqgan=VQGANConfig(patch=4, ch=32, ch_mult=(1, 2), num_res_blocks=1, attn_resolutions=(8,), z_channels=32,
                           embed_dim=16, n_embed=1024),
@@ -477,13 +504,11 @@ PRESETS = {
         dvae=DVAEConfig(recon="mse", kl_weight=0.1, usage_weight=0.5),
         dvae_train=StageConfig(steps=1500, batch_size=32, lr=2e-3, warmup_steps=100, log_every=50, eval_every=250, ckpt_every=500),
         dalle_train=StageConfig(steps=2500, batch_size=64, lr=2e-3, warmup_steps=200, blank_caption_prob=0.2, weight_decay=0.01,
-                                log_every=50, eval_every=500, ckpt_every=500)),
-    "mini": lambda: _published("mini", 1024, 12, 16, 2730, 50264, 16384),
-    "mega": lambda: _published("mega", 2048, 24, 32, 4096, 50272, 16415),
-    "dalle": lambda: _paper_dalle(),
-    "shapes": lambda: _shapes(),
-}
+                                log_every=50, eval_every=500, ckpt_every=500))
 
+PRESETS["tiny"] = _tiny
+
+# %% ../nbs/00_config.ipynb #a541221b
 def _shapes():
     "The shipped model's recipe: `tiny` with a factored VQGAN (64 outline + 16 colour codes, 128 tokens) and longer stages."
     sets = ["vqgan.n_embed=64", "vqgan.color_codes=16", "vqgan.attn_resolutions=", "vqgan.restart_until=400",
@@ -491,7 +516,44 @@ def _shapes():
             "decoder_train.steps=4000", "bart_train.steps=3500", "bart_train.extended_from=1500"]   # the BART ran 1500 steps, then resumed to 3500
     return replace(override(PRESETS["tiny"](), sets), name="shapes")
 
-def get_config(preset: str = "tiny", overrides=()) -> RunConfig:
-    "The named preset with `section.field=value` overrides applied."
-    if preset not in PRESETS: raise ValueError(f"unknown preset {preset!r}; choose from {sorted(PRESETS)}")
-    return override(PRESETS[preset](), overrides)
+PRESETS["shapes"] = _shapes
+
+# %% ../nbs/00_config.ipynb #662a7d00
+F16_VQGAN = VQGANConfig(resolution=256, ch=128, ch_mult=(1, 1, 2, 2, 4), num_res_blocks=2, attn_resolutions=(16,),
+                        z_channels=256, embed_dim=256, n_embed=16384, norm_groups=32, norm_eps=1e-6, signed_input=False)
+CLIP_VIT_B32 = CLIPConfig(embed_dim=512, image_size=224, patch_size=32, vision_width=768, vision_layers=12, vision_heads=12,
+                          vision_mlp=3072, text_vocab=49408, text_len=77, text_width=512, text_layers=12, text_heads=8,
+                          text_mlp=2048, act="quick_gelu", pad_id=49407, eos_id=49407)
+
+def _published(name, d, layers, heads, glu, text_vocab, image_vocab):
+    "A published size (DALL·E Mini or Mega): f16 VQGAN, DalleBart this wide, CLIP ViT-B/32, Mega's training recipe."
+    bart = BartConfig(text_vocab=text_vocab, image_codes=16384, image_vocab=image_vocab, max_text_len=64, image_len=256,
+                      d_model=d, encoder_layers=layers, decoder_layers=layers, heads=heads, glu_dim=glu,
+                      text_normalizer="dalle_mini")
+    stage = StageConfig(steps=100_000, batch_size=44, lr=1e-4, warmup_steps=10_000, decay="constant", optimizer="shampoo",
+                        b1=0.9, b2=0.99, grad_accum=3, blank_caption_prob=0.2, log_every=100, eval_every=2000, ckpt_every=2000,
+                        shampoo_block=2048, shampoo_every=10, shampoo_start=101, shampoo_graft="rmsprop_normalized",
+                        shampoo_nesterov=False, shampoo_skip_gt=4096, mesh="dp=-1,mp=8" if name == "mega" else "dp=-1")
+    sample = SampleConfig(n_candidates=8, rerank=4, cond_scale=10.0)   # dalle-mini's inference defaults
+    return RunConfig(name=name, vqgan=F16_VQGAN, bart=bart, clip=CLIP_VIT_B32, bart_train=stage, sample=sample)
+
+PRESETS["mini"] = lambda: _published("mini", 1024, 12, 16, 2730, 50264, 16384)
+PRESETS["mega"] = lambda: _published("mega", 2048, 24, 32, 4096, 50272, 16415)
+
+# %% ../nbs/00_config.ipynb #fd666a9a
+PAPER_DVAE = DVAEConfig(resolution=256, patch=1, n_hid=256, group_count=4, n_blk_per_group=2, n_init=128, vocab_size=8192,
+                        tau_steps=150_000, kl_warmup_steps=5_000)
+
+def _paper_dalle():
+    "The DALL·E paper's system: dVAE (32×32 of 8192 codes) + 64-layer sparse transformer (≈12B parameters)."
+    dalle = DalleConfig(text_vocab=16384, text_len=256, image_codes=8192, image_grid=32, d_model=3968, layers=64, heads=62,
+                        conv_kernel=11)
+    dvae_stage = StageConfig(steps=3_000_000, batch_size=512, lr=1e-4, warmup_steps=0, decay="cosine", min_lr_ratio=0.0125,
+                             b1=0.9, b2=0.999, weight_decay=1e-4, log_every=1000, eval_every=10_000, ckpt_every=10_000)
+    dalle_stage = StageConfig(steps=430_000, batch_size=1024, lr=4.5e-4, warmup_steps=5_000, decay="cosine", b1=0.9, b2=0.96,
+                              weight_decay=4.5e-2, grad_clip=4.0, log_every=100, eval_every=2000, ckpt_every=2000)
+    return RunConfig(name="dalle", arch="dalle", image_tokenizer="dvae", vqgan=F16_VQGAN, dvae=PAPER_DVAE, dalle=dalle,
+                     bart=BartConfig(text_vocab=16384, image_codes=16384, image_vocab=16384, max_text_len=256, image_len=256),
+                     clip=CLIP_VIT_B32, dvae_train=dvae_stage, dalle_train=dalle_stage)
+
+PRESETS["dalle"] = _paper_dalle

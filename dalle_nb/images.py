@@ -85,6 +85,7 @@ def png_text(path) -> dict:
     except (UnidentifiedImageError, OSError, ValueError) as e:
         raise ImageFileError(f"{path}: not a readable image ({type(e).__name__})") from None
 
+# %% ../nbs/02_images.ipynb #a005d911
 def center_crop_resize(image, size: int) -> np.ndarray:
     "Resize so the shorter side is `size`, then crop the centre `size × size` (uint8 RGB out)."
     im = Image.fromarray(to_uint8(image)) if not isinstance(image, Image.Image) else image.convert("RGB")

@@ -9,6 +9,7 @@ from __future__ import annotations
 import html, json, os, re, unicodedata
 from pathlib import Path
 import numpy as np
+from fastcore.basics import patch
 os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")   # we use its tokenizers only: no "PyTorch was not found" notice
 
 # %% auto #0
@@ -39,7 +40,6 @@ def normalize_text(text: str) -> str:
     return " ".join(text.split())
 
 # %% ../nbs/01_text.ipynb #f8b09cd7
-_TMP = "xtokx"                      # placeholder protecting characters from the punctuation rules (only letters)
 _LATIN = str.maketrans({"ß": "ss", "æ": "ae", "Æ": "AE", "œ": "oe", "Œ": "OE", "ø": "o", "Ø": "O", "ł": "l", "Ł": "L",
                         "đ": "d", "Đ": "D", "ð": "d", "Ð": "D", "þ": "th", "Þ": "TH", "ı": "i", "‘": "'", "’": "'",
                         "‚": "'", "‛": "'", "“": '"', "”": '"', "„": '"', "«": '"', "»": '"', "–": "-", "—": "-",
@@ -60,6 +60,9 @@ def _to_ascii(text: str) -> str:
     "Accents folded, ligatures spelt out, anything without an ASCII form dropped (a small `unidecode`)."
     text = unicodedata.normalize("NFKD", text).translate(_LATIN)      # after NFKD: ½ → 1⁄2 → 1/2
     return "".join(c for c in text if ord(c) < 128)
+
+# %% ../nbs/01_text.ipynb #80882bdc
+_TMP = "xtokx"                      # placeholder protecting characters from the punctuation rules (only letters)
 
 _DALLE_MINI_RULES = [            # (pattern, replacement), applied in order, after folding to lower-case ASCII
     (r"<person>([,\s]*(and)*[,\s]*<person>)+", " people "),      # CC12M's anonymised people
@@ -85,6 +88,7 @@ _DALLE_MINI_RULES = [            # (pattern, replacement), applied in order, aft
 ]
 _DALLE_MINI_RULES = [(re.compile(p), r) for p, r in _DALLE_MINI_RULES]
 
+# %% ../nbs/01_text.ipynb #3f58c733
 def normalize_dalle_mini(text: str) -> str:
     "Clean a prompt with dalle-mini's `TextNormalizer` rules (no downloaded data); the result starts with a space."
     t = html.unescape(html.unescape(str(text)))
@@ -113,7 +117,7 @@ def train_tokenizer(texts, vocab_size: int = 512, min_frequency: int = 2):
     tok.post_processor = processors.TemplateProcessing(single="<s> $A </s>", special_tokens=[("<s>", 0), ("</s>", 2)])
     return tok
 
-# %% ../nbs/01_text.ipynb #0292d5b1
+# %% ../nbs/01_text.ipynb #0fb6e744
 class TokenizerFileError(ValueError):
     "A tokenizer file that is missing or unreadable."
 
@@ -138,7 +142,9 @@ def read_bpe_files(vocab_path, merges_path) -> tuple[dict, list]:
         merges.append(tuple(parts))
     return vocab, merges
 
+# %% ../nbs/01_text.ipynb #6a1a40af
 def _need(vocab, tokens, path):
+    "Raise `TokenizerFileError` unless every one of `tokens` is in `vocab`."
     missing = [t for t in tokens if t not in vocab]
     if missing: raise TokenizerFileError(f"{path}: special token(s) {missing} missing from the vocabulary")
 
@@ -161,6 +167,7 @@ def bart_tokenizer(vocab_path, merges_path, max_id: int | None = None):
     tok.post_processor = processors.TemplateProcessing(single="<s> $A </s>", special_tokens=[("<s>", 0), ("</s>", 2)])
     return tok
 
+# %% ../nbs/01_text.ipynb #fe2d9155
 CLIP_SPECIAL = ("<|startoftext|>", "<|endoftext|>")
 
 def clip_tokenizer(vocab_path, merges_path):
@@ -182,6 +189,14 @@ def clip_tokenizer(vocab_path, merges_path):
     return tok
 
 # %% ../nbs/01_text.ipynb #aa393326
+def _special_roles(tok) -> dict:
+    "Which tokens of `tok`'s vocabulary begin, end and pad a caption: BART's or CLIP's."
+    if tok.token_to_id("<pad>") is not None: return dict(bos_token="<s>", pad_token="<pad>", eos_token="</s>", unk_token="<unk>")
+    if tok.token_to_id(CLIP_SPECIAL[1]) is not None:
+        return dict(bos_token=CLIP_SPECIAL[0], pad_token=CLIP_SPECIAL[1], eos_token=CLIP_SPECIAL[1], unk_token=CLIP_SPECIAL[1])
+    raise TokenizerFileError("tokenizer has neither BART's <pad> nor CLIP's <|endoftext|> token")
+
+# %% ../nbs/01_text.ipynb #9862c550
 class TextEncoder:
     "Normalise + BPE-encode captions into int32 `[B, max_len]` ids (`<s> … </s>` then `<pad>`)."
     def __init__(self, tokenizer, max_len: int, normalizer: str = "dalle_nb"):
@@ -207,44 +222,46 @@ class TextEncoder:
     @property
     def eos_id(self) -> int: return self.tokenizer.eos_token_id
 
-    def __call__(self, texts) -> np.ndarray:
-        if isinstance(texts, str): texts = [texts]
-        return self._encode([self.normalize(t) for t in texts])
+# %% ../nbs/01_text.ipynb #feed2eb0
+@patch
+def __call__(self: TextEncoder, texts) -> np.ndarray:
+    "Normalise and encode a caption or a list of them: int32 `[B, max_len]`."
+    if isinstance(texts, str): texts = [texts]
+    return self._encode([self.normalize(t) for t in texts])
 
-    def _encode(self, texts) -> np.ndarray:
-        enc = self.tokenizer(list(texts), padding="max_length", truncation=True, max_length=self.max_len,
-                             return_attention_mask=False)
-        return np.asarray(enc["input_ids"], np.int32)
+@patch
+def _encode(self: TextEncoder, texts) -> np.ndarray:
+    "Encode already-normalised texts, framed, truncated and padded to `max_len`."
+    enc = self.tokenizer(list(texts), padding="max_length", truncation=True, max_length=self.max_len,
+                         return_attention_mask=False)
+    return np.asarray(enc["input_ids"], np.int32)
 
-    def blank(self, n: int = 1) -> np.ndarray:
-        "`n` rows of the empty caption (`<s></s>` + padding): the unconditional input of super conditioning."
-        return self._encode([""] * n)
+@patch
+def blank(self: TextEncoder, n: int = 1) -> np.ndarray:
+    "`n` rows of the empty caption (`<s></s>` + padding): the unconditional input of super conditioning."
+    return self._encode([""] * n)
 
-    def decode(self, ids) -> list[str]:
-        "Text of each row of ids, special tokens removed."
-        return [self.tokenizer.decode([int(i) for i in row], skip_special_tokens=True).strip() for row in np.atleast_2d(ids)]
+@patch
+def decode(self: TextEncoder, ids) -> list[str]:
+    "Text of each row of ids, special tokens removed."
+    return [self.tokenizer.decode([int(i) for i in row], skip_special_tokens=True).strip() for row in np.atleast_2d(ids)]
 
-    def save(self, directory) -> Path:
-        "Write `tokenizer.json` into `directory`."
-        path = Path(directory) / "tokenizer.json"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self.tokenizer.backend_tokenizer.save(str(path))
-        return path
+# %% ../nbs/01_text.ipynb #e85be894
+@patch
+def save(self: TextEncoder, directory) -> Path:
+    "Write `tokenizer.json` into `directory`."
+    path = Path(directory) / "tokenizer.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    self.tokenizer.backend_tokenizer.save(str(path))
+    return path
 
-    @classmethod
-    def load(cls, path, max_len: int, normalizer: str = "dalle_nb") -> "TextEncoder":
-        "Load from a `tokenizer.json` file or a directory holding one."
-        from tokenizers import Tokenizer
-        path = Path(path)
-        if path.is_dir(): path = path / "tokenizer.json"
-        if not path.exists(): raise TokenizerFileError(f"{path}: no such tokenizer file")
-        try: tok = Tokenizer.from_file(str(path))
-        except Exception as e: raise TokenizerFileError(f"{path}: not a readable tokenizer.json ({type(e).__name__})") from None
-        return cls(tok, max_len, normalizer)
-
-def _special_roles(tok) -> dict:
-    "Which tokens of `tok`'s vocabulary begin, end and pad a caption: BART's or CLIP's."
-    if tok.token_to_id("<pad>") is not None: return dict(bos_token="<s>", pad_token="<pad>", eos_token="</s>", unk_token="<unk>")
-    if tok.token_to_id(CLIP_SPECIAL[1]) is not None:
-        return dict(bos_token=CLIP_SPECIAL[0], pad_token=CLIP_SPECIAL[1], eos_token=CLIP_SPECIAL[1], unk_token=CLIP_SPECIAL[1])
-    raise TokenizerFileError("tokenizer has neither BART's <pad> nor CLIP's <|endoftext|> token")
+@patch(cls_method=True)
+def load(cls: TextEncoder, path, max_len: int, normalizer: str = "dalle_nb") -> TextEncoder:
+    "Load from a `tokenizer.json` file or a directory holding one."
+    from tokenizers import Tokenizer
+    path = Path(path)
+    if path.is_dir(): path = path / "tokenizer.json"
+    if not path.exists(): raise TokenizerFileError(f"{path}: no such tokenizer file")
+    try: tok = Tokenizer.from_file(str(path))
+    except Exception as e: raise TokenizerFileError(f"{path}: not a readable tokenizer.json ({type(e).__name__})") from None
+    return cls(tok, max_len, normalizer)
