@@ -79,7 +79,9 @@ def constrain(x: jax.Array, axes) -> jax.Array:
     return jax.lax.with_sharding_constraint(x, logical_to_spec(axes, rules))
 
 # %% ../nbs/04_layers.ipynb #80657d2c
-def normal(std: float): return nnx.initializers.normal(std)
+def normal(std: float):
+    "A normal initializer with standard deviation `std`."
+    return nnx.initializers.normal(std)
 
 class Linear(nnx.Module):
     "`y = x @ kernel (+ bias)` with a logically-named `(in, out)` kernel."
@@ -188,7 +190,16 @@ class Conv(nnx.Module):
         return y + self.bias[...].astype(self.dtype) if self.bias is not None else y
 
 # %% ../nbs/04_layers.ipynb #fff7a765
-def gelu(x): return jax.nn.gelu(x, approximate=False)
-def quick_gelu(x): return x * jax.nn.sigmoid(1.702 * x)
-def swish(x): return x * jax.nn.sigmoid(x)
+def gelu(x):
+    "The exact (erf) GeLU, as DALL·E's BART uses it."
+    return jax.nn.gelu(x, approximate=False)
+
+def quick_gelu(x):
+    "OpenAI CLIP's `x·σ(1.702x)`."
+    return x * jax.nn.sigmoid(1.702 * x)
+
+def swish(x):
+    "`x·σ(x)`, the VQGAN's activation."
+    return x * jax.nn.sigmoid(x)
+
 ACTIVATIONS = {"gelu": gelu, "quick_gelu": quick_gelu, "swish": swish}

@@ -13,8 +13,8 @@ from scipy import ndimage
 
 # %% auto #0
 __all__ = ['SIZE', 'BACKGROUND', 'PALETTE', 'SHAPES', 'SIZES', 'GRID', 'RELATIONS', 'HELD_OUT', 'SEEN', 'ONE_TEMPLATES',
-           'TWO_TEMPLATES', 'SPLITS', 'CATEGORIES', 'Obj', 'render', 'make_scene', 'make_split', 'eval_prompts',
-           'category', 'Seen', 'detect', 'Want', 'Spec', 'parse_caption', 'caption_match', 'corrupt_caption', 'degrade']
+           'TWO_TEMPLATES', 'SPLITS', 'CATEGORIES', 'Obj', 'render', 'make_scene', 'make_split', 'Seen', 'detect',
+           'Want', 'Spec', 'parse_caption', 'caption_match', 'eval_prompts', 'category', 'corrupt_caption', 'degrade']
 
 # %% ../nbs/03_shapes.ipynb #0cbb788d
 SIZE = 64
@@ -129,27 +129,6 @@ def make_split(split: str, n: int, seed: int = 0):
         captions.append(cap)
     return images, captions
 
-# %% ../nbs/03_shapes.ipynb #f94160c1
-CATEGORIES = ("one", "two", "heldout")
-
-def eval_prompts(category: str, n: int, seed: int = 0) -> list[str]:
-    "`n` distinct captions of `category`: 'one' (one seen object), 'two' (two seen objects) or 'heldout'."
-    if category not in CATEGORIES: raise ValueError(f"unknown category {category!r}; choose from {CATEGORIES}")
-    rng = np.random.default_rng([seed, 10 + CATEGORIES.index(category)])
-    out, seen = [], set()
-    for _ in range(100 * n):
-        if len(out) == n: break
-        split, k = {"one": ("val", 1), "two": ("val", 2), "heldout": ("heldout", None)}[category]
-        _, cap = make_scene(rng, split, k)
-        if cap not in seen: seen.add(cap); out.append(cap)
-    return out
-
-def category(caption: str) -> str:
-    "Which evaluation category a caption belongs to."
-    spec = parse_caption(caption)
-    if any((o.color, o.shape) in HELD_OUT for o in spec.objects): return "heldout"
-    return "one" if len(spec.objects) == 1 else "two"
-
 # %% ../nbs/03_shapes.ipynb #488d8764
 @dataclass(frozen=True)
 class Seen:
@@ -171,38 +150,47 @@ def _corner_fill(m) -> float:
     region = (yy + xx < k) | (yy + (w - 1 - xx) < k) | ((h - 1 - yy) + xx < k) | ((h - 1 - yy) + (w - 1 - xx) < k)
     return float(m[region].mean())
 
+# %% ../nbs/03_shapes.ipynb #a2af1f75
 _COLORS = np.array(list(PALETTE.values()), np.float32)
 _NAMES = list(PALETTE)
 
+def _nearest_colour(img, max_dist: float):
+    "Per pixel of float `[H, W, 3]` `img`: the index of the nearest palette colour, and whether the pixel counts as it."
+    d = ((img[:, :, None, :] - _COLORS[None, None]) ** 2).sum(-1)                  # squared distances [H, W, colours]
+    d_bg = ((img - np.array(BACKGROUND, np.float32)) ** 2).sum(-1)
+    best, dmin = d.argmin(-1), d.min(-1)
+    return best, (dmin < max_dist ** 2) & (dmin < d_bg)
+
+# %% ../nbs/03_shapes.ipynb #5972ad93
+def _seen(name: str, ys, xs, blob) -> Seen:
+    "The `Seen` of one blob of colour `name`: its pixels' rows `ys` and columns `xs`, its mask `blob` within its bounding box."
+    h, w = ys.max() - ys.min() + 1, xs.max() - xs.min() + 1
+    fill = len(ys) / (h * w)
+    rows = np.bincount(ys - ys.min(), minlength=h)                              # width of each row
+    third = max(h // 3, 1)
+    top = float(rows[:third].mean() / max(rows[-third:].mean(), 1))             # narrow top, wide base: triangle
+    corners = _corner_fill(blob)                                                 # full corners: square
+    shape = "triangle" if top < 0.6 else "square" if corners > 0.5 or fill > 0.93 else "circle"
+    size = "small" if max(h, w) < 20 else "large"
+    return Seen(name, shape, size, float(xs.mean()) + 0.5, float(ys.mean()) + 0.5, len(ys), round(fill, 3), round(top, 3))
+
+# %% ../nbs/03_shapes.ipynb #bf70a844
 def detect(image, max_dist: float = 110.0, min_area: int = 20) -> list[Seen]:
     "The objects `image` (uint8 or float [0,1], `[H, W, 3]`) shows, left to right."
     img = np.asarray(image)
     if img.dtype != np.uint8: img = (np.clip(img, 0, 1) * 255).round()
     img = img.astype(np.float32)
     if img.ndim != 3 or img.shape[-1] != 3: raise ValueError(f"detect: expected an [H, W, 3] image, got shape {img.shape}")
-    d = ((img[:, :, None, :] - _COLORS[None, None]) ** 2).sum(-1)                  # squared distances [H, W, colours]
-    d_bg = ((img - np.array(BACKGROUND, np.float32)) ** 2).sum(-1)
-    best, dmin = d.argmin(-1), d.min(-1)
-    ok = (dmin < max_dist ** 2) & (dmin < d_bg)
+    best, ok = _nearest_colour(img, max_dist)
     counts = np.bincount(best[ok], minlength=len(_NAMES))
     found = []
     for ci in np.nonzero(counts >= min_area)[0]:                                     # only colours that are there
-        name = _NAMES[ci]
         m = ndimage.binary_opening(ok & (best == ci), structure=np.ones((2, 2)))
         labels, k = ndimage.label(m)
         for j, sl in enumerate(ndimage.find_objects(labels), start=1):
             ys, xs = np.nonzero(labels[sl] == j)
             if len(ys) < min_area: continue
-            ys, xs = ys + sl[0].start, xs + sl[1].start
-            h, w = ys.max() - ys.min() + 1, xs.max() - xs.min() + 1
-            fill = len(ys) / (h * w)
-            rows = np.bincount(ys - ys.min(), minlength=h)                              # width of each row
-            third = max(h // 3, 1)
-            top = float(rows[:third].mean() / max(rows[-third:].mean(), 1))             # narrow top, wide base: triangle
-            corners = _corner_fill(labels[sl] == j)                                      # full corners: square
-            shape = "triangle" if top < 0.6 else "square" if corners > 0.5 or fill > 0.93 else "circle"
-            size = "small" if max(h, w) < 20 else "large"
-            found.append(Seen(name, shape, size, float(xs.mean()) + 0.5, float(ys.mean()) + 0.5, len(ys), round(fill, 3), round(top, 3)))
+            found.append(_seen(_NAMES[ci], ys + sl[0].start, xs + sl[1].start, labels[sl] == j))
     return sorted(found, key=lambda s: s.x)
 
 # %% ../nbs/03_shapes.ipynb #332e4560
@@ -234,16 +222,44 @@ def parse_caption(caption: str) -> Spec:
     rel = None if not c2 else ("to the " + lr) if lr else ab
     return Spec(objs, rel)
 
-def _fits(s: Seen, w: Want) -> bool: return s.color == w.color and s.shape == w.shape and (w.size is None or s.size == w.size)
+# %% ../nbs/03_shapes.ipynb #816eed3d
+def _fits(s: Seen, w: Want) -> bool:
+    "Is the seen object `s` what `w` asks for (size only when `w` names one)?"
+    return s.color == w.color and s.shape == w.shape and (w.size is None or s.size == w.size)
 
-def caption_match(image, caption: str) -> bool:
-    "Does `image` show exactly what `caption` says (objects, their attributes, and the relation)?"
-    spec, seen = parse_caption(caption), detect(image)
+def _matches(seen: list, spec: Spec) -> bool:
+    "Do the objects `seen` in an image (`detect`'s list) show exactly what `spec` asks for?"
     if len(seen) != len(spec.objects): return False
     if len(seen) == 1: return _fits(seen[0], spec.objects[0])
     for a, b in (seen, seen[::-1]):
         if _fits(a, spec.objects[0]) and _fits(b, spec.objects[1]) and _holds(a, b, spec.relation): return True
     return False
+
+def caption_match(image, caption: str) -> bool:
+    "Does `image` show exactly what `caption` says (objects, their attributes, and the relation)?"
+    spec = parse_caption(caption)
+    return _matches(detect(image), spec)
+
+# %% ../nbs/03_shapes.ipynb #f94160c1
+CATEGORIES = ("one", "two", "heldout")
+
+def eval_prompts(category: str, n: int, seed: int = 0) -> list[str]:
+    "`n` distinct captions of `category`: 'one' (one seen object), 'two' (two seen objects) or 'heldout'."
+    if category not in CATEGORIES: raise ValueError(f"unknown category {category!r}; choose from {CATEGORIES}")
+    rng = np.random.default_rng([seed, 10 + CATEGORIES.index(category)])
+    out, seen = [], set()
+    for _ in range(100 * n):
+        if len(out) == n: break
+        split, k = {"one": ("val", 1), "two": ("val", 2), "heldout": ("heldout", None)}[category]
+        _, cap = make_scene(rng, split, k)
+        if cap not in seen: seen.add(cap); out.append(cap)
+    return out
+
+def category(caption: str) -> str:
+    "Which evaluation category a caption belongs to."
+    spec = parse_caption(caption)
+    if any((o.color, o.shape) in HELD_OUT for o in spec.objects): return "heldout"
+    return "one" if len(spec.objects) == 1 else "two"
 
 # %% ../nbs/03_shapes.ipynb #d6353211
 def corrupt_caption(caption: str, rng, kind: str, exclude=()) -> str | None:

@@ -91,6 +91,7 @@ def read_params(path) -> dict:
     if not isinstance(tree, dict): raise WeightsError(f"{path}: expected a mapping of tensors, found {type(tree).__name__}")
     return {_key(k): np.asarray(v) for k, v in traverse_util.flatten_dict(tree).items()}
 
+# %% ../nbs/04a_weights.ipynb #dbd2e5aa
 def check_params(module, flat: dict) -> list[str]:
     "Problems (missing, unexpected, wrong shape) loading `flat` into `module`; empty when it fits."
     want = {k: v for k, v in _flat_params(module).items()}
@@ -102,6 +103,7 @@ def check_params(module, flat: dict) -> list[str]:
                  if not jnp.issubdtype(flat[k].dtype, jnp.number)]      # jnp's: bfloat16 is a number
     return problems
 
+# %% ../nbs/04a_weights.ipynb #f46fc19f
 def load_params(module, path, serve: bool = False, quantize: str | None = None):
     "Load `path` into `module`'s parameters (cast to their dtypes) after checking every tensor; returns `module`.\n\n"
     "`module` may be abstract (`nnx.eval_shape`): its parameters then come straight from the file, its other state is zeros.\n\n"
@@ -125,6 +127,7 @@ def load_params(module, path, serve: bool = False, quantize: str | None = None):
     nnx.update(module, jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype) if abstract(x) else x, rest, is_leaf=abstract))
     return module
 
+# %% ../nbs/04a_weights.ipynb #5a2d80c9
 def _restore_int_keys(tree, like):
     "msgpack turns integer keys (list indices) into strings: map them back using the target structure `like`."
     if not isinstance(like, dict): return tree
