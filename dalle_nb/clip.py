@@ -38,6 +38,7 @@ class CLIPAttention(nnx.Module):
         out = jnp.einsum("bhqk,bkhd->bqhd", jax.nn.softmax(s, -1).astype(v.dtype), v)
         return self.out_proj(out.reshape(B, T, D))
 
+# %% ../nbs/08_clip.ipynb #75c6263f
 class CLIPMLP(nnx.Module):
     "`fc2(act(fc1(x)))` with biases."
     def __init__(self, width: int, hidden: int, act: str, dtype="float32", depth: int = 1, *, rngs: nnx.Rngs):
@@ -47,6 +48,7 @@ class CLIPMLP(nnx.Module):
         self.act = ACTIVATIONS[act]
     def __call__(self, x): return self.fc2(self.act(self.fc1(x)))
 
+# %% ../nbs/08_clip.ipynb #b12a58ca
 class CLIPLayer(nnx.Module):
     "Pre-LN block: `x + attn(ln1(x))`, then `x + mlp(ln2(x))`."
     def __init__(self, width, heads, hidden, cfg: CLIPConfig, depth: int = 1, *, rngs: nnx.Rngs):
@@ -104,6 +106,7 @@ class VisionTransformer(nnx.Module):
         x = self.encoder(self.pre_layrnorm(self.embeddings(preprocess(images, self.size))))
         return self.post_layernorm(x[:, 0])
 
+# %% ../nbs/08_clip.ipynb #00492ee5
 class TextEmbeddings(nnx.Module):
     "Token + learned position embeddings."
     def __init__(self, cfg: CLIPConfig, *, rngs: nnx.Rngs):
@@ -116,6 +119,7 @@ def eos_positions(ids, eos_id: int) -> jax.Array:
     is_eos = ids == eos_id
     return jnp.where(is_eos.any(1), jnp.argmax(is_eos, axis=1), ids.shape[1] - 1)
 
+# %% ../nbs/08_clip.ipynb #b4c19d4c
 class TextTransformer(nnx.Module):
     "Causal text tower: the state at the first end-of-text token, after `final_layer_norm`."
     def __init__(self, cfg: CLIPConfig, *, rngs: nnx.Rngs):

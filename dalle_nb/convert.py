@@ -29,8 +29,8 @@ __all__ = ['FLAX_BART_LAYER', 'SOURCES', 'ConvertError', 'read_torch', 'read_saf
            'min_dalle_detoker_state', 'flax_bart_name', 'bart_config_from_dalle_mini', 'bart_from_dalle_mini',
            'bart_to_dalle_mini', 'save_flax', 'flax_vqgan_name', 'vqgan_config_from_flax', 'vqgan_from_flax',
            'vqgan_to_flax', 'clip_config_from_transformers', 'clip_from_transformers', 'clip_to_transformers',
-           'load_clip', 'load_vqgan_flax', 'load_min_dalle', 'load_dalle_mini', 'save_dalle_mini',
-           'save_transformers_clip', 'convert']
+           'save_dalle_mini', 'save_transformers_clip', 'load_clip', 'load_vqgan_flax', 'load_min_dalle',
+           'load_dalle_mini', 'convert']
 
 # %% ../nbs/09a_convert.ipynb #50eaf262
 class ConvertError(ValueError):
@@ -42,10 +42,12 @@ def _problems(path, what: str, problems: list) -> ConvertError:
     return ConvertError(f"{path}: {what}:\n  {shown}")
 
 def _exists(path) -> Path:
+    "`path` as a `Path`, or a `ConvertError` if there is nothing there."
     path = Path(path)
     if not path.exists(): raise ConvertError(f"{path}: no such file")
     return path
 
+# %% ../nbs/09a_convert.ipynb #bc86f97e
 def read_torch(path) -> dict:
     "The tensors of a PyTorch `state_dict` file as numpy arrays (floats as float32), read without unpickling code."
     path = _exists(path)
@@ -67,6 +69,7 @@ def read_safetensors(path) -> dict:
     try: return {k: np.asarray(v) for k, v in load_file(str(path)).items()}
     except Exception as e: raise ConvertError(f"{path}: not a readable safetensors file ({type(e).__name__}: {e})") from None
 
+# %% ../nbs/09a_convert.ipynb #c75f678a
 def read_flax(path) -> dict:
     "The flat `{'a/b/c': array}` dict of a Flax `flax_model.msgpack` (floats as float32)."
     try: flat = read_params(path)
@@ -264,6 +267,7 @@ def bart_config_from_dalle_mini(c: dict, source="config.json", image_codes: int 
                           text_normalizer="dalle_mini" if c.get("normalize_text", False) else "none")
     except (TypeError, ValueError) as e: raise ConvertError(f"{source}: {e}") from None
 
+# %% ../nbs/09a_convert.ipynb #dcf90a72
 def bart_from_dalle_mini(flat: dict, cfg: BartConfig, source="flax_model.msgpack") -> dict:
     "Our BART parameters (in `cfg`'s layout) from a dalle-mini msgpack's flat dict, scanned or unscanned layers."
     scanned = any("/FlaxBartEncoderLayers/" in k for k in flat)
@@ -341,6 +345,7 @@ def vqgan_config_from_flax(c: dict, source="config.json") -> VQGANConfig:
                            signed_input=c.get("signed_input", False))
     except (TypeError, ValueError) as e: raise ConvertError(f"{source}: {e}") from None
 
+# %% ../nbs/09a_convert.ipynb #77dd20af
 def vqgan_from_flax(flat: dict, cfg: VQGANConfig, source="flax_model.msgpack") -> dict:
     "Our VQGAN parameters from the Flax VQGAN's flat msgpack dict."
     want = model_shapes(VQGAN, cfg)
@@ -387,6 +392,7 @@ def clip_config_from_transformers(c: dict, source="config.json") -> CLIPConfig:
                           pad_id=eos, eos_id=eos, logit_scale_init=c.get("logit_scale_init_value", base.logit_scale_init))
     except (TypeError, ValueError) as e: raise ConvertError(f"{source}: {e}") from None
 
+# %% ../nbs/09a_convert.ipynb #1569c7e0
 def clip_from_transformers(sd: dict, cfg: CLIPConfig, source="model.safetensors") -> dict:
     "Our CLIP parameters from transformers' `CLIPModel` state dict."
     what = f"CLIP ({cfg.vision_layers}-layer ViT of width {cfg.vision_width}, {cfg.text_layers}-layer text tower of width {cfg.text_width})"
@@ -406,7 +412,24 @@ def clip_to_transformers(clip: CLIP) -> tuple[dict, dict]:
                                 "hidden_act": c.act, "layer_norm_eps": c.ln_eps, "num_channels": 3, "projection_dim": c.embed_dim}}
     return sd, config
 
-# %% ../nbs/09a_convert.ipynb #bc596c5d
+# %% ../nbs/09a_convert.ipynb #0e8fb6cf
+def save_dalle_mini(directory, models: Models, scanned: bool = True) -> Path:
+    "Write `models.bart` (and its tokenizer's `vocab.json` + `merges.txt`) in dalle-mini's layout."
+    path = save_flax(directory, *bart_to_dalle_mini(models.bart, scanned))
+    models.text.tokenizer.backend_tokenizer.model.save(str(path))
+    return path
+
+def save_transformers_clip(directory, clip: CLIP, clip_text: TextEncoder | None = None) -> Path:
+    "Write `clip` in transformers' layout (`config.json` + `model.safetensors`, and `tokenizer.json` if given)."
+    from safetensors.numpy import save_file
+    directory = Path(directory); directory.mkdir(parents=True, exist_ok=True)
+    sd, config = clip_to_transformers(clip)
+    save_file(sd, str(directory / "model.safetensors"))
+    (directory / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    if clip_text is not None: clip_text.tokenizer.backend_tokenizer.save(str(directory / "tokenizer.json"))
+    return directory
+
+# %% ../nbs/09a_convert.ipynb #a3f9370e
 def _text_encoder(directory: Path, cfg: BartConfig) -> TextEncoder:
     "The BART tokenizer of a published folder, checked against the text embedding."
     try: tok = bart_tokenizer(directory / "vocab.json", directory / "merges.txt", max_id=cfg.text_vocab)
@@ -434,6 +457,7 @@ def load_clip(directory) -> tuple[CLIP, TextEncoder]:
     if text.vocab_size > cfg.text_vocab: raise ConvertError(f"{directory}: CLIP's tokenizer has {text.vocab_size} tokens but its text embedding {cfg.text_vocab} rows")
     return clip, text
 
+# %% ../nbs/09a_convert.ipynb #cf58c87f
 def load_vqgan_flax(directory) -> VQGAN:
     "dalle-mini's VQGAN folder (`flax_model.msgpack` + `config.json`) → our VQGAN (encoder and decoder)."
     directory = Path(directory)
@@ -442,11 +466,13 @@ def load_vqgan_flax(directory) -> VQGAN:
                        directory / "flax_model.msgpack")
 
 def _run_config(name: str, vqgan: VQGAN, bart_cfg: BartConfig, clip: CLIP | None) -> RunConfig:
+    "The `RunConfig` of a converted set, with DALL·E Mega's sampling defaults (rerank only with a CLIP)."
     try:
         return RunConfig(name=name, vqgan=vqgan.cfg, bart=bart_cfg, clip=clip.cfg if clip is not None else CLIP_VIT_B32,
                          sample=SampleConfig(n_candidates=8, rerank=4 if clip is not None else 0, cond_scale=10.0))
     except ValueError as e: raise ConvertError(f"the VQGAN does not fit the BART: {e}") from None
 
+# %% ../nbs/09a_convert.ipynb #c5d3056d
 def load_min_dalle(directory, vqgan=None, clip=None, heads: int | None = None, vqgan_cfg: VQGANConfig | None = None) -> Models:
     "min-dalle's folder (`encoder.pt`, `decoder.pt`, `vocab.json`, `merges.txt`; `detoker.pt` here or in `../vqgan`) → `Models`."
     directory = Path(directory)
@@ -466,6 +492,7 @@ def load_min_dalle(directory, vqgan=None, clip=None, heads: int | None = None, v
     name = {1024: "mini", 2048: "mega"}.get(cfg.d_model, "bart")
     return Models(_run_config(f"min-dalle-{name}", vq, cfg, clip_model), text, vq, bart, clip_model, clip_text=clip_text)
 
+# %% ../nbs/09a_convert.ipynb #f55eb5a1
 def load_dalle_mini(directory, vqgan, clip=None, scan_layers: bool = True) -> Models:
     "dalle-mini's folders (DalleBart `flax_model.msgpack` + `config.json` + tokenizer; the VQGAN's; CLIP's) → `Models`."
     directory = Path(directory)
@@ -479,23 +506,6 @@ def load_dalle_mini(directory, vqgan, clip=None, scan_layers: bool = True) -> Mo
     clip_model, clip_text = load_clip(clip) if clip is not None else (None, None)
     name = {1024: "mini", 2048: "mega"}.get(cfg.d_model, "bart")
     return Models(_run_config(f"dalle-mini-{name}", vq, cfg, clip_model), text, vq, bart, clip_model, clip_text=clip_text)
-
-# %% ../nbs/09a_convert.ipynb #eb7ea7fd
-def save_dalle_mini(directory, models: Models, scanned: bool = True) -> Path:
-    "Write `models.bart` (and its tokenizer's `vocab.json` + `merges.txt`) in dalle-mini's layout."
-    path = save_flax(directory, *bart_to_dalle_mini(models.bart, scanned))
-    models.text.tokenizer.backend_tokenizer.model.save(str(path))
-    return path
-
-def save_transformers_clip(directory, clip: CLIP, clip_text: TextEncoder | None = None) -> Path:
-    "Write `clip` in transformers' layout (`config.json` + `model.safetensors`, and `tokenizer.json` if given)."
-    from safetensors.numpy import save_file
-    directory = Path(directory); directory.mkdir(parents=True, exist_ok=True)
-    sd, config = clip_to_transformers(clip)
-    save_file(sd, str(directory / "model.safetensors"))
-    (directory / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-    if clip_text is not None: clip_text.tokenizer.backend_tokenizer.save(str(directory / "tokenizer.json"))
-    return directory
 
 # %% ../nbs/09a_convert.ipynb #c9a74922
 SOURCES = ("min-dalle", "dalle-mini")

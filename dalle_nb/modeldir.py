@@ -42,6 +42,7 @@ def default_model_dir() -> Path:
     import dalle_nb
     return Path(dalle_nb.__file__).parent / "assets" / "default"
 
+# %% ../nbs/09_modeldir.ipynb #17c64d0d
 @dataclass
 class Models:
     "Everything a model directory holds, loaded: config, text encoder, VQGAN, BART, CLIP (None if absent)."
@@ -66,6 +67,7 @@ class Models:
         "The text → image-token model the config chooses: the BART (`arch='bart'`) or the DALL·E transformer."
         return self.dalle if self.cfg.arch == "dalle" else self.bart
 
+# %% ../nbs/09_modeldir.ipynb #0e1d6ef3
 def save_models(path, models: Models, card: str = "", dtype: str | None = "float16") -> Path:
     "Write `models` as a model directory (parameters stored in `dtype`, float16 by default)."
     path = Path(path); path.mkdir(parents=True, exist_ok=True)
@@ -77,11 +79,9 @@ def save_models(path, models: Models, card: str = "", dtype: str | None = "float
     if card: (path / "MODEL_CARD.md").write_text(card)
     return path
 
-def load_models(path=None, unrolled: bool = False, serve: bool = False, quantize: str | None = None) -> Models:
-    "Load a model directory (default: the shipped shapes model); one clear `ModelDirError` for anything wrong.\n\n"
-    "`unrolled`: the BART's layers as a list, whatever the directory stores (faster token steps: what `Pipeline` loads).\n\n"
-    "`serve`: the transformer's `Linear` layers read straight into their serving form, weights as `quantize` says (`Linear.serve`)."
-    path = Path(path) if path is not None else default_model_dir()
+# %% ../nbs/09_modeldir.ipynb #4c06de96
+def _read_config(path: Path, unrolled: bool = False) -> RunConfig:
+    "The config of model directory `path`, after checking that every file it needs is there (`ModelDirError` if not)."
     if not path.is_dir(): raise ModelDirError(f"model directory {path} does not exist")
     missing = [f for f in MODEL_FILES[:2] if not (path / f).exists()]
     if missing: raise ModelDirError(f"model directory {path} is missing {', '.join(missing)}")
@@ -91,23 +91,37 @@ def load_models(path=None, unrolled: bool = False, serve: bool = False, quantize
     except (ValueError, FileNotFoundError, OSError) as e: raise ModelDirError(f"model directory {path}: {e}") from None
     missing = [f for f in required_files(cfg) if not (path / f).exists()]
     if missing: raise ModelDirError(f"model directory {path} is missing {', '.join(missing)}")
+    return cfg
+
+# %% ../nbs/09_modeldir.ipynb #c1995afa
+def _load_weights(path: Path, cfg: RunConfig, serve: bool = False, quantize: str | None = None) -> dict:
+    "`{name: model or None}` for every weights file `_CLASSES` knows, each read straight into an abstract model."
+    build = lambda cls, c: abstract_module(lambda: cls(c, rngs=nnx.Rngs(0)))
+    # the models the config names are required (checked by `_read_config`); the others are loaded when present
+    how = lambda n: dict(serve=serve, quantize=quantize) if n in ("bart", "dalle") else {}
+    return {n: load_params(build(cls, getattr(cfg, n)), path / f"{n}.msgpack", **how(n)) if (path / f"{n}.msgpack").exists() else None
+            for n, cls in _CLASSES.items()}
+
+def load_models(path=None, unrolled: bool = False, serve: bool = False, quantize: str | None = None) -> Models:
+    "Load a model directory (default: the shipped shapes model); one clear `ModelDirError` for anything wrong.\n\n"
+    "`unrolled`: the BART's layers as a list, whatever the directory stores (faster token steps: what `Pipeline` loads).\n\n"
+    "`serve`: the transformer's `Linear` layers read straight into their serving form, weights as `quantize` says (`Linear.serve`)."
+    path = Path(path) if path is not None else default_model_dir()
+    cfg = _read_config(path, unrolled)
     try:
         text = TextEncoder.load(path / "tokenizer.json", max_len=cfg.text_len, normalizer=cfg.bart.text_normalizer)
         clip_text = (TextEncoder.load(path / "clip_tokenizer.json", max_len=cfg.clip.text_len, normalizer="none")
                      if (path / "clip_tokenizer.json").exists() else None)
         if text.vocab_size > cfg.text_vocab:
             raise ModelDirError(f"{path / 'tokenizer.json'}: {text.vocab_size} tokens but the {'BART' if cfg.arch == 'bart' else 'DALL·E transformer'} reads only {cfg.text_vocab}")
-        build = lambda cls, c: abstract_module(lambda: cls(c, rngs=nnx.Rngs(0)))
-        # the models the config names are required (checked above); the others are loaded when present
-        how = lambda n: dict(serve=serve, quantize=quantize) if n in ("bart", "dalle") else {}
-        loaded = {n: load_params(build(cls, getattr(cfg, n)), path / f"{n}.msgpack", **how(n)) if (path / f"{n}.msgpack").exists() else None
-                  for n, cls in _CLASSES.items()}
+        loaded = _load_weights(path, cfg, serve, quantize)
     except (ValueError, FileNotFoundError, OSError) as e:
         if isinstance(e, ModelDirError): raise
         raise ModelDirError(f"model directory {path}: {e}") from None
     card = (path / "MODEL_CARD.md").read_text() if (path / "MODEL_CARD.md").exists() else ""
     return Models(cfg, text, loaded["vqgan"], loaded["bart"], loaded["clip"], path, card, clip_text, loaded["dvae"], loaded["dalle"])
 
+# %% ../nbs/09_modeldir.ipynb #19c2ef16
 def _materialise(abstract):
     "Turn an abstract (`abstract_module`) module into one with zero-filled arrays, ready for `load_params`."
     graphdef, state = nnx.split(abstract)

@@ -81,34 +81,46 @@ class Pipeline:
         path = self.models.path
         self.name = "shipped" if path is not None and Path(path).resolve() == default_model_dir().resolve() else str(path)
 
-    def encode_prompt(self, prompt: str) -> np.ndarray:
-        "Text ids `[1, max_text_len]` of `prompt`; `PromptError` if nothing is left after normalisation."
-        if not isinstance(prompt, str): raise PromptError(f"prompt must be a string, got {type(prompt).__name__}")
-        if not self.models.text.normalize(prompt).strip(): raise PromptError("the prompt is empty (after removing emoji, control characters and spaces)")
-        ids = np.asarray(self.models.text([prompt]))
-        n_full = len(self.models.text.tokenizer(self.models.text.normalize(prompt))["input_ids"])
-        if n_full > ids.shape[1]:
-            warnings.warn(f"prompt truncated: it has {n_full} tokens, the model reads {ids.shape[1]}")
-        return ids
+# %% ../nbs/10_pipeline.ipynb #b904f844
+@patch
+def encode_prompt(self: Pipeline, prompt: str) -> np.ndarray:
+    "Text ids `[1, max_text_len]` of `prompt`; `PromptError` if nothing is left after normalisation."
+    if not isinstance(prompt, str): raise PromptError(f"prompt must be a string, got {type(prompt).__name__}")
+    if not self.models.text.normalize(prompt).strip(): raise PromptError("the prompt is empty (after removing emoji, control characters and spaces)")
+    ids = np.asarray(self.models.text([prompt]))
+    n_full = len(self.models.text.tokenizer(self.models.text.normalize(prompt))["input_ids"])
+    if n_full > ids.shape[1]:
+        warnings.warn(f"prompt truncated: it has {n_full} tokens, the model reads {ids.shape[1]}")
+    return ids
 
-    @property
-    def grid(self) -> int: return self.models.cfg.tokenizer_cfg.grid
-    @property
-    def image_len(self) -> int: return self.models.cfg.model_cfg.image_len
-    @property
-    def row_tokens(self) -> int:
-        "Tokens per row of the grid (two per patch with factored tokens)."
-        return self.models.cfg.tokenizer_cfg.n_tokens // self.grid
+# %% ../nbs/10_pipeline.ipynb #0d29f8fe
+@patch(as_prop=True)
+def grid(self: Pipeline) -> int:
+    "Patches per side of the image tokenizer's grid."
+    return self.models.cfg.tokenizer_cfg.grid
 
-    def decode(self, tokens) -> np.ndarray:
-        "Images in [0, 1] for token ids `[n, image_len]`, decoded by the image tokenizer (VQGAN or dVAE)."
-        return np.concatenate([np.asarray(self._decode(self.models.image_tokenizer, jnp.asarray(tokens[i:i + self.batch_size])))
-                               for i in range(0, len(tokens), self.batch_size)])
+@patch(as_prop=True)
+def image_len(self: Pipeline) -> int:
+    "Image tokens per picture."
+    return self.models.cfg.model_cfg.image_len
 
-    def score(self, images, text_ids) -> np.ndarray:
-        "CLIP scores of `images` against one prompt's ids."
-        return np.concatenate([np.asarray(self._score(self.models.clip, jnp.asarray(images[i:i + self.batch_size]), jnp.asarray(text_ids)))
-                               for i in range(0, len(images), self.batch_size)])
+@patch(as_prop=True)
+def row_tokens(self: Pipeline) -> int:
+    "Tokens per row of the grid (two per patch with factored tokens)."
+    return self.models.cfg.tokenizer_cfg.n_tokens // self.grid
+
+# %% ../nbs/10_pipeline.ipynb #5cd96b84
+@patch
+def decode(self: Pipeline, tokens) -> np.ndarray:
+    "Images in [0, 1] for token ids `[n, image_len]`, decoded by the image tokenizer (VQGAN or dVAE)."
+    return np.concatenate([np.asarray(self._decode(self.models.image_tokenizer, jnp.asarray(tokens[i:i + self.batch_size])))
+                           for i in range(0, len(tokens), self.batch_size)])
+
+@patch
+def score(self: Pipeline, images, text_ids) -> np.ndarray:
+    "CLIP scores of `images` against one prompt's ids."
+    return np.concatenate([np.asarray(self._score(self.models.clip, jnp.asarray(images[i:i + self.batch_size]), jnp.asarray(text_ids)))
+                           for i in range(0, len(images), self.batch_size)])
 
 # %% ../nbs/10_pipeline.ipynb #f9a2ca50
 @patch
@@ -275,6 +287,7 @@ class Best:
         s, i, im, tk = zip(*self.items)
         return Result(prompt, np.stack(im), None if s[0] is None else np.array(s, np.float32), np.stack(tk), np.array(i), settings, seconds, model)
 
+# %% ../nbs/10_pipeline.ipynb #383e2af5
 @patch
 def many(self: Pipeline, prompts, callback=None, **kw) -> list[Result]:
     "One `Result` per prompt (`stream`'s settings); `callback(step, results)` sees each step (after a finished one, the Results of its prompts, else None; return False to stop)."
@@ -297,6 +310,7 @@ def many(self: Pipeline, prompts, callback=None, **kw) -> list[Result]:
         if callback is not None and callback(step, results(set(step.prompts)) if step.final else None) is False: break
     return results(range(len(prompts)))
 
+# %% ../nbs/10_pipeline.ipynb #40356e8e
 @patch
 def __call__(self: Pipeline, prompt: str, n=None, rerank=None, cond_scale=None, seed=0, temperature=None, top_k=None, top_p=None,
              plausibility=None, image_prompt=None, keep_rows=None, every=None, callback=None) -> Result:
@@ -339,6 +353,7 @@ def read_record(path) -> dict:
     try: return json.loads(rec)
     except json.JSONDecodeError: raise ValueError(f"{path}: its dalle_nb generation record is not valid JSON") from None
 
+# %% ../nbs/10_pipeline.ipynb #c49152de
 class ImageFolder:
     "A folder kept in step with a growing `Result`: new images written, dropped ones deleted, `grid.png` rewritten."
     def __init__(self, out_dir):
@@ -486,7 +501,7 @@ def widget(pipe: Pipeline | None = None):
     _wire(ui)
     return ui
 
-# %% ../nbs/10_pipeline.ipynb #a0c336e8
+# %% ../nbs/10_pipeline.ipynb #a9ad304b
 def _show(ui, images, captions):
     "Put uint8 `images` into the panel's grid, each with a caption under it."
     import ipywidgets as W
@@ -497,39 +512,51 @@ def _show(ui, images, captions):
     for cell, img, cap in zip(cells, images, captions): cell.children[0].value, cell.children[1].value = _png(img), cap
     ui.grid.children = cells[:len(images)]
 
+def _on_step(ui, step, results):
+    "Show a `Step` in the panel (partial pictures every `show every` tokens, then the finished ones) and count its tokens; False after Stop."
+    if step.t % ui.every.value == 0 or step.final:
+        shown = step.images if not step.final else np.concatenate([r.images for r in results if r is not None])
+        _show(ui, shown, [f"#{i}" for i in step.indices] if not step.final else [""] * len(shown))
+    ui.progress.value = step.done * step.image_len + (0 if step.final else step.t * len(step.indices))
+    return not ui.stopping.is_set()
+
+# %% ../nbs/10_pipeline.ipynb #b50b07ac
+def _work(ui):
+    "One run with the panel's settings (in its thread): the ranked images and a summary at the end, or the user's error in the status line."
+    from functools import partial
+    t0, pipe = time.perf_counter(), ui.pipe
+    try:
+        image = _uploaded(ui.upload) if ui.upload.value else ui.image
+        ui.progress.max, ui.progress.value = ui.n.value * pipe.image_len, 0
+        r = pipe(ui.prompt.value, n=ui.n.value, rerank=min(ui.keep.value, ui.n.value), cond_scale=ui.scale.value, seed=ui.seed.value,
+                 temperature=ui.temperature.value, top_k=ui.top_k.value, plausibility=ui.plausibility.value, image_prompt=image,
+                 keep_rows=ui.keep_rows.value if image is not None else None, every=ui.every.value, callback=partial(_on_step, ui))
+    except ValueError as e:                                    # SettingError, PromptError: the user's to fix
+        ui.status.value, ui.result = f"⚠ {e}", None
+    else:
+        _show(ui, r.images, [f"#{i} clip {s:.2f}" for i, s in zip(r.indices, r.scores)] if r.scores is not None else [f"#{i}" for i in r.indices])
+        extra = (f", image prompt: top {r.settings['keep_rows']} rows kept" if image is not None else "") + (" (stopped)" if ui.stopping.is_set() else "")
+        ui.status.value, ui.result = f"{len(r.images)} image(s) in {time.perf_counter() - t0:.1f}s{extra}", r
+    finally: ui.generate.disabled, ui.stop.disabled = False, True
+
+# %% ../nbs/10_pipeline.ipynb #49e813bc
+def _run(ui, _=None, wait: bool = False):
+    "Start a run in a thread (one at a time); from code (`ui.run()`) wait for it and return its `Result` (None after an error)."
+    import threading
+    if ui.thread is not None and ui.thread.is_alive(): return None        # one run at a time
+    ui.stopping.clear(); ui.generate.disabled, ui.stop.disabled = True, False
+    ui.status.value = "drawing…"
+    ui.thread = threading.Thread(target=_work, args=(ui,), daemon=True); ui.thread.start()
+    if wait or _ is None: ui.thread.join(); return ui.result
+
+def _forget(ui, _=None):
+    "Drop the image prompt, uploaded or set from code."
+    ui.upload.value = () if isinstance(ui.upload.value, tuple) else ui.upload.value.__class__()
+    ui.image = None
+
 def _wire(ui):
     "The panel's behaviour: `ui.run(wait=True)` generates (in a thread when clicked), Stop, the image prompt buttons."
-    import threading
-    def forget(_=None):
-        ui.upload.value = () if isinstance(ui.upload.value, tuple) else ui.upload.value.__class__()
-        ui.image = None
-    def on_step(step, results):
-        if step.t % ui.every.value == 0 or step.final:
-            shown = step.images if not step.final else np.concatenate([r.images for r in results if r is not None])
-            _show(ui, shown, [f"#{i}" for i in step.indices] if not step.final else [""] * len(shown))
-        ui.progress.value = step.done * step.image_len + (0 if step.final else step.t * len(step.indices))
-        return not ui.stopping.is_set()
-    def work():
-        t0, pipe = time.perf_counter(), ui.pipe
-        try:
-            image = _uploaded(ui.upload) if ui.upload.value else ui.image
-            ui.progress.max, ui.progress.value = ui.n.value * pipe.image_len, 0
-            r = pipe(ui.prompt.value, n=ui.n.value, rerank=min(ui.keep.value, ui.n.value), cond_scale=ui.scale.value, seed=ui.seed.value,
-                     temperature=ui.temperature.value, top_k=ui.top_k.value, plausibility=ui.plausibility.value, image_prompt=image,
-                     keep_rows=ui.keep_rows.value if image is not None else None, every=ui.every.value, callback=on_step)
-        except ValueError as e:                                    # SettingError, PromptError: the user's to fix
-            ui.status.value, ui.result = f"⚠ {e}", None
-        else:
-            _show(ui, r.images, [f"#{i} clip {s:.2f}" for i, s in zip(r.indices, r.scores)] if r.scores is not None else [f"#{i}" for i in r.indices])
-            extra = (f", image prompt: top {r.settings['keep_rows']} rows kept" if image is not None else "") + (" (stopped)" if ui.stopping.is_set() else "")
-            ui.status.value, ui.result = f"{len(r.images)} image(s) in {time.perf_counter() - t0:.1f}s{extra}", r
-        finally: ui.generate.disabled, ui.stop.disabled = False, True
-    def run(_=None, wait: bool = False):
-        if ui.thread is not None and ui.thread.is_alive(): return None        # one run at a time
-        ui.stopping.clear(); ui.generate.disabled, ui.stop.disabled = True, False
-        ui.status.value = "drawing…"
-        ui.thread = threading.Thread(target=work, daemon=True); ui.thread.start()
-        if wait or _ is None: ui.thread.join(); return ui.result
-    ui.run, ui.forget = run, forget
+    from functools import partial
+    ui.run, ui.forget = partial(_run, ui), partial(_forget, ui)
     ui.set_image_prompt = lambda image: setattr(ui, "image", image)          # from code, instead of uploading
-    ui.generate.on_click(run); ui.stop.on_click(lambda _: ui.stopping.set()); ui.clear.on_click(forget)
+    ui.generate.on_click(ui.run); ui.stop.on_click(lambda _: ui.stopping.set()); ui.clear.on_click(ui.forget)

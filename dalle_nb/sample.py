@@ -14,14 +14,12 @@ from .bart import DalleBart, text_mask
 from .dalle import DalleTransformer
 
 # %% auto #0
-__all__ = ['kth_largest', 'filter_logits', 'supercondition', 'keep_plausible', 'generate', 'row_keys', 'generate_steps',
+__all__ = ['kth_largest', 'filter_logits', 'supercondition', 'keep_plausible', 'row_keys', 'generate', 'generate_steps',
            'state_bytes']
 
 # %% ../nbs/07_sample.ipynb #11030af5
 def kth_largest(x, k: int):
-    "The `k`-th largest value of each row of float32 `x` `[B, V]` `[B, 1]`, exactly as `lax.top_k(x, k)[0][:, -1:]`.\n\n"
-    "Built bit by bit on the values' order-preserving uint32 keys: 32 compare-and-count passes, where XLA's TopK on a CPU\n\n"
-    "sorts (35 ms of a 240 ms DALL·E Mini token step for k = 256 of 16384)."
+    "The `k`-th largest value `[B, 1]` of each row of float32 `x` `[B, V]`, exactly as `lax.top_k(x, k)[0][:, -1:]`."
     bits = jax.lax.bitcast_convert_type(x.astype(jnp.float32), jnp.uint32)
     key = jnp.where(bits >> 31 == 1, ~bits, bits | jnp.uint32(1 << 31))           # larger float ⇔ larger key
     t = jnp.zeros(x.shape[:-1] + (1,), jnp.uint32)
@@ -58,7 +56,13 @@ def keep_plausible(cond, mixed, alpha):
     keep = cond >= jnp.max(cond, axis=-1, keepdims=True) + jnp.log(alpha)   # p_i / p_max = exp(c_i - c_max)
     return jnp.where(keep, mixed.astype(jnp.float32), jnp.finfo(jnp.float32).min)
 
-# %% ../nbs/07_sample.ipynb #35ad593e
+# %% ../nbs/07_sample.ipynb #db8e0ae6
+def row_keys(seed: int, n):
+    "The PRNG keys of images `0..n-1` for `seed` (or of the image indices `n`, a sequence): `fold_in(key(seed), i)`."
+    idx = jnp.arange(n) if np.ndim(n) == 0 else jnp.asarray(n, jnp.int32)
+    return jax.vmap(jax.random.fold_in, in_axes=(None, 0))(jax.random.key(seed), idx)
+
+# %% ../nbs/07_sample.ipynb #0f98004b
 def _draw(logits, t, keys, codes: int, cond_scale, temperature, top_p, plausibility, top_k: int, guided: bool,
           nucleus: bool, guard: bool):
     "Token `t` of every row: mix the conditional and unconditional halves of `logits`, guard, filter, sample."
@@ -71,6 +75,7 @@ def _draw(logits, t, keys, codes: int, cond_scale, temperature, top_p, plausibil
     step_keys = jax.vmap(jax.random.fold_in, in_axes=(0, None))(keys, t)
     return jax.vmap(jax.random.categorical)(step_keys, logits).astype(jnp.int32)
 
+# %% ../nbs/07_sample.ipynb #61632257
 def _start(model: DalleBart | DalleTransformer, text_ids, blank_ids, guided: bool) -> dict:
     "The loop's state before the first image token: the caption rows (and blank rows, guided) encoded into the KV cache."
     rows = jnp.concatenate([text_ids, blank_ids]) if guided else text_ids
@@ -81,6 +86,7 @@ def _start(model: DalleBart | DalleTransformer, text_ids, blank_ids, guided: boo
     return dict(cache=model.decoder.init_cache(model.encoder(rows), mask), mask=mask,
                 prev=jnp.full((text_ids.shape[0],), model.cfg.bos_id, jnp.int32))
 
+# %% ../nbs/07_sample.ipynb #7b9dd217
 def _steps(model, state: dict, ts, keys, prefix, n_keep, cond_scale, temperature, top_p, plausibility,
            top_k: int, guided: bool, nucleus: bool, guard: bool, prefixed: bool):
     "Draw the image tokens at positions `ts` for every row: `(new state, ids [B, len(ts)])`."
@@ -104,6 +110,7 @@ def _steps(model, state: dict, ts, keys, prefix, n_keep, cond_scale, temperature
     (cache, prev), toks = jax.lax.scan(step, (state["cache"], state["prev"]), ts)
     return dict(cache=cache, mask=state["mask"], prev=prev), toks.T
 
+# %% ../nbs/07_sample.ipynb #052f40a6
 def _generate(model, text_ids, blank_ids, keys, prefix, *traced, **static):
     "Every image token in one program: `_start`, then `_steps` over all `image_len` positions."
     state = _start(model, text_ids, blank_ids, static["guided"])
@@ -116,7 +123,7 @@ _generate_jit = nnx.jit(_generate, static_argnames=_STATIC, graph_updates=False)
 _start_jit = nnx.jit(_start, static_argnames=("guided",), graph_updates=False)
 _steps_jit = nnx.jit(_steps, static_argnames=_STATIC, donate_argnames=("state",), graph_updates=False)
 
-# %% ../nbs/07_sample.ipynb #7ad79aea
+# %% ../nbs/07_sample.ipynb #74788cb7
 def _checked(model, text_ids, keys, blank_ids, cond_scale, temperature, top_k, top_p, plausibility, prefix, keep):
     "Validate `generate`'s arguments: `(text_ids, blank_ids, prefix, traced settings, static settings)`."
     if not isinstance(model, (DalleBart, DalleTransformer)): raise TypeError(f"generate: expected a DalleBart or a DalleTransformer, got {type(model).__name__}")
@@ -146,17 +153,13 @@ def _checked(model, text_ids, keys, blank_ids, cond_scale, temperature, top_k, t
     static = dict(top_k=int(top_k), guided=guided, nucleus=float(top_p) < 1.0, guard=float(plausibility) > 0, prefixed=keep > 0)
     return text_ids, blank_ids, prefix, traced, static
 
+# %% ../nbs/07_sample.ipynb #0271727d
 def generate(model: DalleBart | DalleTransformer, text_ids, keys, *, blank_ids=None, cond_scale: float = 1.0,
              temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, plausibility: float = 0.0, prefix=None, keep: int = 0):
     "Sample image token ids `[B, image_len]` for `B` rows of text ids, one PRNG key per row, in one compiled program; the first `keep` tokens are `prefix`'s."
     text_ids, blank_ids, prefix, traced, static = _checked(model, text_ids, keys, blank_ids, cond_scale, temperature, top_k, top_p,
                                                            plausibility, prefix, keep)
     return _generate_jit(model, text_ids, blank_ids, keys, prefix, *traced, **static)
-
-def row_keys(seed: int, n):
-    "The PRNG keys of images `0..n-1` for `seed` (or of the image indices `n`, a sequence): `fold_in(key(seed), i)`."
-    idx = jnp.arange(n) if np.ndim(n) == 0 else jnp.asarray(n, jnp.int32)
-    return jax.vmap(jax.random.fold_in, in_axes=(None, 0))(jax.random.key(seed), idx)
 
 # %% ../nbs/07_sample.ipynb #074988c2
 def generate_steps(model: DalleBart | DalleTransformer, text_ids, keys, *, every: int, blank_ids=None, cond_scale: float = 1.0,
