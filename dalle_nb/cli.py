@@ -28,6 +28,26 @@ def _enable_compile_cache():
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
     except (OSError, AttributeError): pass
 
+# %% ../nbs/11_cli.ipynb #859b4ec0
+def _train_sets(a, stages) -> list[str]:
+    "The `--set` overrides that `train`'s shorthand flags stand for (before the explicit `--set`s)."
+    sets = [f"arch={a.arch}"] if a.arch else []
+    sets += [f"{s}_train.optimizer={a.optimizer}" for s in stages] if a.optimizer else []
+    sets += [f"{s}_train.mesh={a.mesh}" for s in stages] if a.mesh else []
+    sets += [f"{s}_train.powersgd_rank={a.powersgd}" for s in ("bart", "dalle")] if a.powersgd is not None else []   # the transformer's
+    sets += [f"{s}_train.loss_scale={a.loss_scale}" for s in ("bart", "dalle")] if a.loss_scale is not None else []
+    sets += ["dalle_train.block_grad_scale=true"] if a.block_grad_scale else []
+    return sets
+
+def _train_command(a) -> str:
+    "The `dalle-nb train` command line a model card records."
+    return " ".join(["dalle-nb train", f"--preset {a.preset}", *([f"--arch {a.arch}"] if a.arch else []), f"--workdir {a.workdir}", *(f"--set {o}" for o in a.set or []),
+                     *([f"--optimizer {a.optimizer}"] if a.optimizer else []), *([f"--mesh {a.mesh}"] if a.mesh else []),
+                     *([f"--powersgd {a.powersgd}"] if a.powersgd is not None else []), *([f"--loss-scale {a.loss_scale}"] if a.loss_scale is not None else []),
+                     *(["--block-grad-scale"] if a.block_grad_scale else []),
+                     *([f"--stages {a.stages}"] if a.stages else []), *(f"--data {d}" for d in a.data or [])])
+
+# %% ../nbs/11_cli.ipynb #58bb6937
 def cmd_train(a) -> int:
     "Train the stages of a preset (with `--set` overrides) into `--workdir`; the model directory is `workdir/model`."
     from dalle_nb.config import parse_mesh
@@ -41,26 +61,16 @@ def cmd_train(a) -> int:
     stages = tuple(a.stages.split(",")) if a.stages else STAGES
     bad = set(stages) - set(STAGES)
     if bad: raise UsageError(f"--stages: unknown stage(s) {sorted(bad)}; choose from {','.join(STAGES)}")
-    sets = [f"arch={a.arch}"] if a.arch else []
-    sets += [f"{s}_train.optimizer={a.optimizer}" for s in stages] if a.optimizer else []
-    sets += [f"{s}_train.mesh={a.mesh}" for s in stages] if a.mesh else []
-    sets += [f"{s}_train.powersgd_rank={a.powersgd}" for s in ("bart", "dalle")] if a.powersgd is not None else []   # the transformer's
-    sets += [f"{s}_train.loss_scale={a.loss_scale}" for s in ("bart", "dalle")] if a.loss_scale is not None else []
-    sets += ["dalle_train.block_grad_scale=true"] if a.block_grad_scale else []
-    try: cfg = get_config(a.preset, sets + list(a.set or []))          # an explicit --set wins over the flags
+    try: cfg = get_config(a.preset, _train_sets(a, stages) + list(a.set or []))          # an explicit --set wins over the flags
     except ValueError as e: raise UsageError(str(e)) from None
     if a.block_grad_scale and cfg.arch != "dalle":
         raise UsageError("--block-grad-scale needs --arch dalle: it scales the DALL·E transformer's residual blocks (BART's have no hook)")
-    command = " ".join(["dalle-nb train", f"--preset {a.preset}", *([f"--arch {a.arch}"] if a.arch else []), f"--workdir {a.workdir}", *(f"--set {o}" for o in a.set or []),
-                        *([f"--optimizer {a.optimizer}"] if a.optimizer else []), *([f"--mesh {a.mesh}"] if a.mesh else []),
-                        *([f"--powersgd {a.powersgd}"] if a.powersgd is not None else []), *([f"--loss-scale {a.loss_scale}"] if a.loss_scale is not None else []),
-                        *(["--block-grad-scale"] if a.block_grad_scale else []),
-                        *([f"--stages {a.stages}"] if a.stages else []), *(f"--data {d}" for d in a.data or [])])
-    try: out = train_all(cfg, a.workdir, stages=stages, progress=not a.quiet, command=command, data=a.data)
+    try: out = train_all(cfg, a.workdir, stages=stages, progress=not a.quiet, command=_train_command(a), data=a.data)
     except (TrainSetupError, ValueError) as e: raise UsageError(str(e)) from None
     if is_primary(): print(f"model directory: {Path(out).resolve()}")
     return 0
 
+# %% ../nbs/11_cli.ipynb #c1000ff6
 def cmd_info(a) -> int:
     "Describe a model directory: config summary, parameter counts, model card."
     from dalle_nb.modeldir import load_models, ModelDirError
@@ -77,6 +87,7 @@ def cmd_info(a) -> int:
     if m.card: print("\n" + m.card.strip())
     return 0
 
+# %% ../nbs/11_cli.ipynb #1a891e0e
 def cmd_encode(a) -> int:
     "Encode image–caption pairs (a folder, webdataset `.tar` shards or parquet) into VQGAN token shards in `--out`; a re-run resumes."
     import shlex
@@ -99,6 +110,7 @@ def cmd_encode(a) -> int:
     print(f"manifest: {(Path(a.out) / 'manifest.json').resolve()}")
     return 0
 
+# %% ../nbs/11_cli.ipynb #30a02269
 def cmd_convert(a) -> int:
     "Convert published DALL·E Mini/Mega weights (min-dalle's or dalle-mini's layout, with VQGAN and CLIP) into a model directory."
     if a.source == "dalle-mini" and not a.vqgan:
@@ -147,7 +159,7 @@ def _folders(prompts: list[str]) -> list[str]:
         out.append(s if seen[s] == 1 else f"{s}-{seen[s]}")
     return out
 
-# %% ../nbs/11_cli.ipynb #cd0a6289
+# %% ../nbs/11_cli.ipynb #3db3d5cb
 def _checked(a, prompts):
     "Load the model and check every setting, prompt and the image prompt before any work; `(pipeline, settings, warnings)`."
     from dalle_nb.pipeline import Pipeline, PromptError, SettingError, check_setting
@@ -171,6 +183,7 @@ def _checked(a, prompts):
     except (PromptError, ModelDirError, ValueError) as e: raise UsageError(str(e)) from None
     return pipe, dict(st, every=every), [str(w.message) for w in caught]
 
+# %% ../nbs/11_cli.ipynb #94a2d769
 def _progress_writer(out: Path, every):
     "Callback part that writes `--progressive` frames (a grid of the batch per step) into `out/progress/`; `.gif()` joins them."
     frames = []
@@ -203,6 +216,20 @@ def _ctrl_c_sets(stop):
     finally: signal.signal(signal.SIGINT, old)
 
 # %% ../nbs/11_cli.ipynb #00311ba7
+def _say_plan(pipe, st, prompts):
+    "Print (to stderr) how many images will be drawn, how many at a time, and the memory that takes."
+    total, est = st["n"] * len(prompts), pipe.memory_estimate(st["n"], st["rerank"], len(prompts))
+    print(f"dalle-nb: {total} image(s) to draw for {len(prompts)} prompt(s), {min(pipe.batch_size, total)} at a time; memory: about "
+          f"{est['total'] / 2**20:,.0f} MiB (weights {est['weights'] / 2**20:,.0f}, a batch {est['batch'] / 2**20:,.0f}, images kept {est['kept'] / 2**20:,.0f})", file=sys.stderr)
+
+def _say_written(written: dict, folders):
+    "Print each prompt's images (CLIP scores, files written, best first)."
+    for j, (r, paths) in sorted(written.items()):
+        scores = "" if r.scores is None else "  clip scores: " + " ".join(f"{s:.3f}" for s in r.scores)
+        print(f"{len(r.images)} image(s) for {r.prompt!r}{scores}")
+        print(f"  wrote {len(paths) - 1} PNG(s) and grid.png to {folders[j].dir.resolve()}, best first: " + " ".join(p.name for p in paths[:-1]))
+
+# %% ../nbs/11_cli.ipynb #1ded30f6
 def cmd_generate(a) -> int:
     "Generate images for a prompt (or `--prompts FILE`, or again `--from PNG`), writing each PNG as its batch finishes."
     import numpy as np
@@ -215,9 +242,8 @@ def cmd_generate(a) -> int:
     for n in notes: print(f"dalle-nb: warning: {n}", file=sys.stderr)
     out = Path(a.out)
     folders = [ImageFolder(d) for d in _writable(out, _folders(prompts))]
-    total, est = st["n"] * len(prompts), pipe.memory_estimate(st["n"], st["rerank"], len(prompts))
-    print(f"dalle-nb: {total} image(s) to draw for {len(prompts)} prompt(s), {min(pipe.batch_size, total)} at a time; memory: about "
-          f"{est['total'] / 2**20:,.0f} MiB (weights {est['weights'] / 2**20:,.0f}, a batch {est['batch'] / 2**20:,.0f}, images kept {est['kept'] / 2**20:,.0f})", file=sys.stderr)
+    total = st["n"] * len(prompts)
+    _say_plan(pipe, st, prompts)
     bar = tqdm(total=total, unit="image", desc="generating", file=sys.stderr, disable=a.quiet)
     frames, written, stop = _progress_writer(out, st["every"]), {}, threading.Event()
     def on_step(step, results):
@@ -238,10 +264,7 @@ def cmd_generate(a) -> int:
         kept = sum(len(f.files) for f in folders)
         print(f"dalle-nb: interrupted: kept the {kept} finished image(s) in {out.resolve()}", file=sys.stderr)
         return 130
-    for j, (r, paths) in sorted(written.items()):
-        scores = "" if r.scores is None else "  clip scores: " + " ".join(f"{s:.3f}" for s in r.scores)
-        print(f"{len(r.images)} image(s) for {r.prompt!r}{scores}")
-        print(f"  wrote {len(paths) - 1} PNG(s) and grid.png to {folders[j].dir.resolve()}, best first: " + " ".join(p.name for p in paths[:-1]))
+    _say_written(written, folders)
     print(f"done in {time.perf_counter() - t0:.1f}s" + (f"; progressive frames in {out / 'progress'}, animated: {preview}" if preview else ""))
     return 0
 
@@ -271,12 +294,14 @@ from .pod import (PodError, PodSpec, TrainJob, TPUPod, DryRun, Shell, LocalPod, 
                           worker_start, worker_stop, worker_status)
 
 def _pod_args(p, name=True):
+    "The flags every pod command shares: the pod's name, zone, project, `--dry-run`."
     if name: p.add_argument("name", help="the TPU VM (pod) name")
     p.add_argument("--zone", default="europe-west4-a")
     p.add_argument("--project", default=None)
     p.add_argument("--dry-run", action="store_true", help="print the commands instead of running them")
 
 def _job_args(p):
+    "The flags that describe a training run (`launch`, `watch`)."
     p.add_argument("--run", required=True, help="run name (logs on each worker: ~/dalle_nb_runs/RUN.log)")
     p.add_argument("--workdir", required=True, help="shared work directory, or gs://bucket/path (mounted by setup)")
     p.add_argument("--preset", default="mega")
@@ -287,10 +312,13 @@ def _job_args(p):
     p.add_argument("--optimizer", default=None)
     p.add_argument("--env", action="append", default=[], metavar="NAME=VALUE", help="environment variable for the training processes")
 
+# %% ../nbs/11_cli.ipynb #32d12541
 def _spec(a, **kw) -> PodSpec:
+    "The `PodSpec` the flags name."
     return PodSpec(a.name, zone=a.zone, project=a.project, **kw)
 
 def _job(a) -> TrainJob:
+    "The `TrainJob` the flags describe (`--env NAME=VALUE` checked)."
     env = []
     for e in a.env:
         k, eq, v = e.partition("=")
@@ -299,13 +327,18 @@ def _job(a) -> TrainJob:
     return TrainJob(a.run, a.workdir, preset=a.preset, stages=tuple(s for s in a.stages.split(",") if s), sets=tuple(a.set),
                     data=tuple(a.data), mesh=a.mesh, optimizer=a.optimizer, env=tuple(env))
 
-def _runner(a): return DryRun() if a.dry_run else Shell()
+def _runner(a):
+    "`DryRun` (print) with `--dry-run`, else `Shell` (run)."
+    return DryRun() if a.dry_run else Shell()
 
 def _wheel(a):
+    "The wheel to install: `--wheel`, or one built from this checkout."
     if a.wheel: return a.wheel
     return build_wheel(a.wheel_dir, runner=_runner(a))
 
+# %% ../nbs/11_cli.ipynb #09053ae0
 def _cmd_fit(a) -> int:
+    "`dalle-nb pod fit`: the fit check's table (and `--json`); status 1 when the step does not fit."
     import json
     from dalle_nb.config import get_config
     from dalle_nb.fitcheck import fit_check
@@ -318,7 +351,19 @@ def _cmd_fit(a) -> int:
         Path(a.json).write_text(json.dumps(rep.to_json(), indent=1))
     return 0 if rep.fits else 1
 
+def _cmd_launch(a, pod) -> int:
+    "`dalle-nb pod launch`: on the pod, or with `--local N` as N processes here (`--wait`: their exit status)."
+    if not a.local: return pod.launch(_job(a)).returncode
+    lp = LocalPod(a.local_dir, processes=a.local, devices=a.devices, dry_run=a.dry_run)
+    lp.launch(_job(a))
+    if a.wait and not a.dry_run:
+        st = lp.wait(a.run, timeout=a.timeout)
+        print(" ".join(st)); return 0 if all(s == "exit 0" for s in st) else 1
+    return 0
+
+# %% ../nbs/11_cli.ipynb #bba6523d
 def _cmd(a) -> int:
+    "Run the `dalle-nb pod` subcommand `a.pod_command`."
     c = a.pod_command
     if c == "worker-start": print(worker_start(a.run, a.argv, a.dir)); return 0
     if c == "worker-stop": print(worker_stop(a.run, a.dir, a.grace)); return 0
@@ -331,15 +376,7 @@ def _cmd(a) -> int:
     if c == "create": return TPUPod(_spec(a, accelerator=a.accelerator, version=a.version, provisioning=a.provisioning), _runner(a)).create().returncode
     pod = TPUPod(_spec(a), _runner(a))
     if c == "setup": return pod.setup(_wheel(a), a.mount).returncode
-    if c == "launch":
-        if a.local:
-            lp = LocalPod(a.local_dir, processes=a.local, devices=a.devices, dry_run=a.dry_run)
-            lp.launch(_job(a))
-            if a.wait and not a.dry_run:
-                st = lp.wait(a.run, timeout=a.timeout)
-                print(" ".join(st)); return 0 if all(s == "exit 0" for s in st) else 1
-            return 0
-        return pod.launch(_job(a)).returncode
+    if c == "launch": return _cmd_launch(a, pod)
     if c == "logs": return pod.logs(a.run, worker=a.worker if a.worker == "all" else int(a.worker), lines=a.lines, follow=not a.no_follow).returncode
     if c == "stop": return pod.stop(a.run).returncode
     if c == "delete": return pod.delete().returncode
@@ -352,18 +389,21 @@ def _cmd(a) -> int:
         return 0 if out in ("done", "dry run") else 1
     raise PodError(f"unknown pod command {c!r}")
 
-def add_pod_commands(sub, usage_error=PodError):
-    "Add `dalle-nb pod …` to an argparse subparsers object; errors become `usage_error` (the CLI's one-line errors)."
-    pod = sub.add_parser("pod", help="TPU pod jobs: create, setup, launch, logs, list, stop, delete, watch; fit (AOT memory check)")
-    ps = pod.add_subparsers(dest="pod_command", required=True)
-    def create_args(p):
-        p.add_argument("--accelerator", default="v3-256"); p.add_argument("--version", default="tpu-ubuntu2204-base")
-        p.add_argument("--provisioning", choices=("spot", "preemptible", "standard"), default="spot")
-    def wheel_args(p):
-        p.add_argument("--wheel", default=None, help="dalle_nb wheel to install (default: build one from this checkout)")
-        p.add_argument("--wheel-dir", default="dist", help="where to build the wheel (default dist/)")
-    p = ps.add_parser("create", help="create a TPU VM pod"); _pod_args(p); create_args(p)
-    p = ps.add_parser("setup", help="install this package (and mount GCS buckets) on every worker"); _pod_args(p); wheel_args(p)
+# %% ../nbs/11_cli.ipynb #178f0a3f
+def _create_args(p):
+    "The flags of a new pod (`create`, `watch`)."
+    p.add_argument("--accelerator", default="v3-256"); p.add_argument("--version", default="tpu-ubuntu2204-base")
+    p.add_argument("--provisioning", choices=("spot", "preemptible", "standard"), default="spot")
+
+def _wheel_args(p):
+    "The flags of the wheel `setup` installs (`setup`, `watch`)."
+    p.add_argument("--wheel", default=None, help="dalle_nb wheel to install (default: build one from this checkout)")
+    p.add_argument("--wheel-dir", default="dist", help="where to build the wheel (default dist/)")
+
+def _add_pod_lifecycle(ps):
+    "`pod create|setup|launch|logs|list|stop|delete|watch`."
+    p = ps.add_parser("create", help="create a TPU VM pod"); _pod_args(p); _create_args(p)
+    p = ps.add_parser("setup", help="install this package (and mount GCS buckets) on every worker"); _pod_args(p); _wheel_args(p)
     p.add_argument("--mount", action="append", default=[], metavar="BUCKET", help="GCS bucket to mount at /mnt/gcs/BUCKET (repeatable)")
     p = ps.add_parser("launch", help="start `dalle-nb train` on every worker"); _pod_args(p); _job_args(p)
     p.add_argument("--local", type=int, default=0, metavar="N", help="instead: N processes on this machine (jax.distributed, CPU devices)")
@@ -377,8 +417,12 @@ def add_pod_commands(sub, usage_error=PodError):
     p = ps.add_parser("list", help="list the TPU VMs of a zone"); _pod_args(p, name=False)
     p = ps.add_parser("stop", help="stop a run on every worker (the pod stays)"); _pod_args(p); p.add_argument("--run", required=True)
     p = ps.add_parser("delete", help="delete the pod"); _pod_args(p)
-    p = ps.add_parser("watch", help="keep a run going: recreate + relaunch after preemption"); _pod_args(p); _job_args(p); create_args(p); wheel_args(p)
+    p = ps.add_parser("watch", help="keep a run going: recreate + relaunch after preemption"); _pod_args(p); _job_args(p); _create_args(p); _wheel_args(p)
     p.add_argument("--max-restarts", type=int, default=10); p.add_argument("--poll", type=float, default=300)
+
+# %% ../nbs/11_cli.ipynb #4b17a895
+def _add_pod_fit(ps):
+    "`pod fit`: the ahead-of-time fit check's flags."
     p = ps.add_parser("fit", help="AOT-compile the train step for a TPU topology; exit 1 if it does not fit in HBM")
     p.add_argument("--preset", default="mega"); p.add_argument("--topology", default="v3:8x16")
     p.add_argument("--mesh", default=None, help="layout (default: the preset's bart_train.mesh)")
@@ -389,6 +433,9 @@ def add_pod_commands(sub, usage_error=PodError):
     p.add_argument("--layers", type=int, default=None, help="encoder and decoder layers (to learn the cost of a compile)")
     p.add_argument("--hbm-gib", type=float, default=None); p.add_argument("--set", action="append", default=[])
     p.add_argument("--json", default=None, help="also write the report as JSON here")
+
+def _add_worker_commands(ps):
+    "`pod worker-start|worker-stop|worker-status`: what `launch`, `stop` and `watch` run on the workers."
     for name, what in (("worker-start", "start a run detached (launch runs this on every worker)"),
                        ("worker-stop", "stop a run (stop runs this on every worker)"),
                        ("worker-status", "running / exit N / absent (watch asks worker 0)")):
@@ -396,6 +443,13 @@ def add_pod_commands(sub, usage_error=PodError):
         p.add_argument("--run", required=True); p.add_argument("--dir", default=f"~/{RUNS_DIR}")
         if name == "worker-start": p.add_argument("argv", nargs="+")
         if name == "worker-stop": p.add_argument("--grace", type=float, default=30)
+
+# %% ../nbs/11_cli.ipynb #d5fd27a1
+def add_pod_commands(sub, usage_error=PodError):
+    "Add `dalle-nb pod …` to an argparse subparsers object; errors become `usage_error` (the CLI's one-line errors)."
+    pod = sub.add_parser("pod", help="TPU pod jobs: create, setup, launch, logs, list, stop, delete, watch; fit (AOT memory check)")
+    ps = pod.add_subparsers(dest="pod_command", required=True)
+    _add_pod_lifecycle(ps); _add_pod_fit(ps); _add_worker_commands(ps)
     def run(a):
         try: return _cmd(a)
         except PodError as e: raise usage_error(str(e)) from None
@@ -404,9 +458,8 @@ def add_pod_commands(sub, usage_error=PodError):
     return pod
 
 # %% ../nbs/11_cli.ipynb #344b6754
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="dalle-nb", description="DALL·E Mega in JAX/Flax: generate images from text, train models.")
-    sub = p.add_subparsers(dest="command", required=True)
+def _add_generate(sub):
+    "`dalle-nb generate`'s flags."
     g = sub.add_parser("generate", help="text → images (PNG files that record how they were made, plus grid.png)")
     g.add_argument("prompt", nargs="?", default=None, help="what to draw")
     g.add_argument("--out", required=True, help="directory for the PNG files (a folder per prompt with --prompts)")
@@ -432,6 +485,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="memory this process may use (GiB): batches are split to fit, or the request is refused (default: what is free)")
     g.add_argument("--quiet", action="store_true", help="no progress bar")
     g.set_defaults(func=cmd_generate)
+
+# %% ../nbs/11_cli.ipynb #b289ffb8
+def _add_train(sub):
+    "`dalle-nb train`'s flags."
     t = sub.add_parser("train", help="train VQGAN, BART and CLIP into a model directory")
     t.add_argument("--preset", default="tiny", help="tiny (small, for trying things), shapes (the shipped model's recipe), mini, mega, dalle")
     t.add_argument("--workdir", required=True, help="checkpoints, logs, and the model directory (workdir/model)")
@@ -457,6 +514,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="train the bart stage on token shards written by `dalle-nb encode` (repeatable; needs --stages bart)")
     t.add_argument("--quiet", action="store_true", help="no progress bars")
     t.set_defaults(func=cmd_train)
+
+# %% ../nbs/11_cli.ipynb #49f8ea8d
+def _add_info_encode(sub):
+    "`dalle-nb info`'s and `dalle-nb encode`'s flags."
     i = sub.add_parser("info", help="describe a model directory")
     i.add_argument("--model", default=None)
     i.set_defaults(func=cmd_info)
@@ -472,6 +533,9 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--workers", type=int, default=None, help="image-decoding threads (default: min(8, CPU count))")
     e.add_argument("--quiet", action="store_true", help="no progress bar")
     e.set_defaults(func=cmd_encode)
+
+def _add_convert(sub):
+    "`dalle-nb convert`'s flags."
     c = sub.add_parser("convert", help="published DALL·E Mini/Mega weights (+ VQGAN, CLIP) → a model directory")
     c.add_argument("dir", help="the BART's folder: min-dalle's (encoder.pt, decoder.pt, vocab.json, merges.txt) "
                                "or dalle-mini's (flax_model.msgpack, config.json, vocab.json, merges.txt)")
@@ -485,6 +549,13 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--heads", type=int, default=None, help="min-dalle: attention heads of a BART that is neither Mini nor Mega "
                                                             "(not stored in the files)")
     c.set_defaults(func=cmd_convert)
+
+# %% ../nbs/11_cli.ipynb #53b9263c
+def build_parser() -> argparse.ArgumentParser:
+    "The `dalle-nb` argument parser: generate, train, info, encode, convert, pod."
+    p = argparse.ArgumentParser(prog="dalle-nb", description="DALL·E Mega in JAX/Flax: generate images from text, train models.")
+    sub = p.add_subparsers(dest="command", required=True)
+    _add_generate(sub); _add_train(sub); _add_info_encode(sub); _add_convert(sub)
     add_pod_commands(sub, UsageError)                 # dalle-nb pod create|setup|launch|logs|list|stop|delete|watch|fit
     return p
 

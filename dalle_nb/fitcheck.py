@@ -10,11 +10,12 @@ import dataclasses, json, os, re, time
 from dataclasses import dataclass, field
 from pathlib import Path
 from .config import parse_mesh
+from fastcore.basics import patch
 from .hlo import hlo_profile
 
 # %% auto #0
-__all__ = ['HBM_GIB', 'V3', 'FitError', 'topology_devices', 'libtpu_available', 'layout_mesh', 'FitReport', 'fit_check',
-           'state_bytes', 'load_fit_results', 'step_time']
+__all__ = ['HBM_GIB', 'V3', 'FitError', 'topology_devices', 'libtpu_available', 'layout_mesh', 'FitReport', 'state_bytes',
+           'fit_check', 'load_fit_results', 'step_time']
 
 # %% ../nbs/16a_fitcheck.ipynb #8d1f6bc8
 class FitError(ValueError):
@@ -72,33 +73,98 @@ class FitReport:
     @property
     def margin(self) -> float: return (self.hbm_bytes - self.memory["total"]) / 2**30
 
-    def table(self) -> str:
-        "The report as a plain-text table."
-        g = lambda b: f"{b / 2**30:8.2f} GiB"
-        c = self.config
-        rows = [f"fit check: {c['preset']} {c['stage']} step on {c['topology']} ({c['devices']} cores), mesh {c['mesh']}",
-                f"  batch {c['per_replica']} per replica x {c['replicas']} replicas x {c['accum']} accumulation = {c['global_batch']} per update;"
-                f" remat {c['remat']}, scan {c['scan']}, params {c['param_dtype']}, compute {c['dtype']}, optimizer {c['optimizer']}",
-                *([f"  DOES NOT FIT: the TPU compiler refused the program: {self.error}",
-                   f"  it needs at least {g(self.memory['total'])} of temporaries per core; {self.hbm_bytes / 2**30:.0f} GiB HBM"] if self.error else [
-                f"  arguments (state + batch) {g(self.memory['argument'])}",
-                f"  outputs not donated       {g(self.memory['output'] - self.memory['alias'])}",
-                f"  temporaries               {g(self.memory['temp'])}",
-                f"  code                      {g(self.memory['code'])}",
-                f"  total per core            {g(self.memory['total'])}   of {self.hbm_bytes / 2**30:.0f} GiB HBM: "
-                + (f"FITS, {self.margin:.2f} GiB spare" if self.fits else f"DOES NOT FIT, {-self.margin:.2f} GiB over")]),
-                f"  train state per core: parameters {g(self.state['params'])}, optimizer {g(self.state['opt'])}",
-                "  TFLOPs per core per step  " + ", ".join(f"{k} {v / 1e12:.2f}" for k, v in sorted(self.flops.items()))
-                + f"  (XLA's cost_analysis, loop bodies once: {self.xla_flops / 1e12:.2f})",
-                *(f"  collectives in {part} per core per step: " + ", ".join(
-                    f"{x['op']} over {x['group']} x{x['count']:g} ({x['bytes'] / 2**30:.2f} GiB)" for x in self.collectives if x["part"] == part)
-                  for part in sorted({x["part"] for x in self.collectives})),
-                f"  compile {self.compile_seconds:.0f} s (lowering {self.lower_seconds:.0f} s)"]
-        return "\n".join(rows)
-
     def to_json(self) -> dict:
+        "The report as a JSON-able dict, with `fits` and `margin_gib`."
         return {**dataclasses.asdict(self), "fits": self.fits, "margin_gib": self.margin}
 
+# %% ../nbs/16a_fitcheck.ipynb #96f20853
+@patch
+def table(self: FitReport) -> str:
+    "The report as a plain-text table."
+    g = lambda b: f"{b / 2**30:8.2f} GiB"
+    c = self.config
+    rows = [f"fit check: {c['preset']} {c['stage']} step on {c['topology']} ({c['devices']} cores), mesh {c['mesh']}",
+            f"  batch {c['per_replica']} per replica x {c['replicas']} replicas x {c['accum']} accumulation = {c['global_batch']} per update;"
+            f" remat {c['remat']}, scan {c['scan']}, params {c['param_dtype']}, compute {c['dtype']}, optimizer {c['optimizer']}",
+            *([f"  DOES NOT FIT: the TPU compiler refused the program: {self.error}",
+               f"  it needs at least {g(self.memory['total'])} of temporaries per core; {self.hbm_bytes / 2**30:.0f} GiB HBM"] if self.error else [
+            f"  arguments (state + batch) {g(self.memory['argument'])}",
+            f"  outputs not donated       {g(self.memory['output'] - self.memory['alias'])}",
+            f"  temporaries               {g(self.memory['temp'])}",
+            f"  code                      {g(self.memory['code'])}",
+            f"  total per core            {g(self.memory['total'])}   of {self.hbm_bytes / 2**30:.0f} GiB HBM: "
+            + (f"FITS, {self.margin:.2f} GiB spare" if self.fits else f"DOES NOT FIT, {-self.margin:.2f} GiB over")]),
+            f"  train state per core: parameters {g(self.state['params'])}, optimizer {g(self.state['opt'])}",
+            "  TFLOPs per core per step  " + ", ".join(f"{k} {v / 1e12:.2f}" for k, v in sorted(self.flops.items()))
+            + f"  (XLA's cost_analysis, loop bodies once: {self.xla_flops / 1e12:.2f})",
+            *(f"  collectives in {part} per core per step: " + ", ".join(
+                f"{x['op']} over {x['group']} x{x['count']:g} ({x['bytes'] / 2**30:.2f} GiB)" for x in self.collectives if x["part"] == part)
+              for part in sorted({x["part"] for x in self.collectives})),
+            f"  compile {self.compile_seconds:.0f} s (lowering {self.lower_seconds:.0f} s)"]
+    return "\n".join(rows)
+
+# %% ../nbs/16a_fitcheck.ipynb #a621e105
+def state_bytes(abstract) -> dict:
+    "Bytes per device of each part of an abstract `TrainState` (`ShapeDtypeStruct`s with shardings): the largest device's share."
+    from dalle_nb.sharding import bytes_per_device
+    return {part: bytes_per_device(getattr(abstract, part)) for part in ("params", "opt", "rest")}
+
+def _refused_bytes(msg: str) -> int:
+    "The bytes a refused program needed, from XLA's out-of-memory message (at least; 0 if it does not say)."
+    units = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+    m = (re.search(r"temporaries \(([0-9.]+)([KMGT]?)\)", msg) or re.search(r"Used ([0-9.]+)([KMGT]?) of", msg))
+    return int(float(m[1]) * units[m[2]]) if m else 0
+
+# %% ../nbs/16a_fitcheck.ipynb #7bd6df02
+def _bart_setup(cfg, per_replica=None, accum=None, remat="full", scan=True, dtype=None, param_dtype=None, optimizer=None, layers=None):
+    "`(bart config, bart stage config, per_replica, accum)` of `cfg` with a fit check's options applied."
+    sc = cfg.bart_train
+    per_replica, accum = per_replica or sc.batch_size, accum or sc.grad_accum
+    bart = dataclasses.replace(cfg.bart, remat=remat, scan_layers=scan, **({"dtype": dtype} if dtype else {}),
+                               **({"param_dtype": param_dtype} if param_dtype else {}),
+                               **({"encoder_layers": layers, "decoder_layers": layers} if layers else {}))
+    sc = dataclasses.replace(sc, grad_accum=accum, **({"optimizer": optimizer} if optimizer else {}))
+    return bart, sc, per_replica, accum
+
+def _compile(train, batch, key):
+    "Lower and compile `train.step`, timed, without the compilation cache: `(compiled or None, refusal or None, lower s, compile s)`."
+    import jax
+    cache = jax.config.jax_enable_compilation_cache
+    jax.config.update("jax_enable_compilation_cache", False)      # time a real compile, and keep TPU programs out of the cache
+    error = None
+    try:
+        t0 = time.perf_counter(); lowered = train.step.lower(train.abstract, batch, key); t1 = time.perf_counter()
+        try: compiled = lowered.compile()
+        except Exception as e:                                        # the TPU compiler refuses programs that cannot fit
+            if "RESOURCE_EXHAUSTED" not in str(e): raise
+            compiled, error = None, " ".join(str(e).split())[:400]
+        t2 = time.perf_counter()
+    finally: jax.config.update("jax_enable_compilation_cache", cache)
+    return compiled, error, t1 - t0, t2 - t1
+
+# %% ../nbs/16a_fitcheck.ipynb #0879f468
+def _measure(compiled, error: str | None, n: int):
+    "`(bytes per core, XLA's cost analysis, hlo_profile, hlo_profile with convergence loops once)` of a compiled step (or a refusal)."
+    if compiled is None:
+        mem = {"argument": None, "output": None, "alias": None, "temp": _refused_bytes(error), "code": None}
+        mem["total"] = mem["temp"]
+        prof = {"flops": {}, "collectives": {}, "loops": [], "inexact_loops": 0}
+        return mem, {}, prof, prof
+    m = compiled.memory_analysis()
+    mem = {k: int(getattr(m, f"{k}_size_in_bytes")) for k in ("argument", "output", "alias", "temp")}
+    mem["code"] = int(m.generated_code_size_in_bytes)
+    mem["total"] = mem["argument"] + mem["output"] - mem["alias"] + mem["temp"] + mem["code"]
+    xla = compiled.cost_analysis(); xla = xla[0] if isinstance(xla, list) else xla
+    hlo = compiled.as_text()
+    return mem, xla, hlo_profile(hlo, n), hlo_profile(hlo, n, inexact_trips=1)
+
+def _hbm_gib(devices, topology: str | None, hbm_gib: float | None = None) -> float:
+    "HBM per core: `hbm_gib`, else `HBM_GIB` of the TPU generation in the device kind or the topology (16 if neither says)."
+    kind = getattr(devices[0], "device_kind", "cpu")
+    gen = (re.search(r"v(\d+[a-z]*)", kind.lower()) or re.search(r"v(\d+[a-z]*)", topology or "") or [None, None])[1]
+    return hbm_gib if hbm_gib is not None else HBM_GIB.get(f"v{gen}", 16)
+
+# %% ../nbs/16a_fitcheck.ipynb #9fe34757
 def fit_check(cfg, topology: str | None = "v3:8x16", layout: str | None = None, per_replica: int | None = None,
               accum: int | None = None, remat: str = "full", scan: bool = True, dtype: str | None = None,
               param_dtype: str | None = None, optimizer: str | None = None, layers: int | None = None,
@@ -113,13 +179,8 @@ def fit_check(cfg, topology: str | None = "v3:8x16", layout: str | None = None, 
     from dalle_nb.optim import make_optimizer
     from dalle_nb.sharding import data_shards
     from dalle_nb.train import make_sharded_train_step
-    sc = cfg.bart_train
-    layout = layout or sc.mesh
-    per_replica, accum = per_replica or sc.batch_size, accum or sc.grad_accum
-    bart = dataclasses.replace(cfg.bart, remat=remat, scan_layers=scan, **({"dtype": dtype} if dtype else {}),
-                               **({"param_dtype": param_dtype} if param_dtype else {}),
-                               **({"encoder_layers": layers, "decoder_layers": layers} if layers else {}))
-    sc = dataclasses.replace(sc, grad_accum=accum, **({"optimizer": optimizer} if optimizer else {}))
+    layout = layout or cfg.bart_train.mesh
+    bart, sc, per_replica, accum = _bart_setup(cfg, per_replica, accum, remat, scan, dtype, param_dtype, optimizer, layers)
     devs = devices if devices is not None else topology_devices(topology)
     mesh = layout_mesh(layout, devs)
     replicas = data_shards(mesh)
@@ -130,52 +191,17 @@ def fit_check(cfg, topology: str | None = "v3:8x16", layout: str | None = None, 
     train = make_sharded_train_step(loss_fn, model, tx if tx is not None else make_optimizer(sc), mesh, grad_accum=accum)
     batch = train.batch_structs({"text": ((B, bart.max_text_len), jnp.int32), "image": ((B, bart.image_len), jnp.int32)})
     key = jax.ShapeDtypeStruct((), jax.random.key(0).dtype, sharding=NamedSharding(mesh, P()))
-    cache = jax.config.jax_enable_compilation_cache
-    jax.config.update("jax_enable_compilation_cache", False)      # time a real compile, and keep TPU programs out of the cache
-    error = None
-    try:
-        t0 = time.perf_counter(); lowered = train.step.lower(train.abstract, batch, key); t1 = time.perf_counter()
-        try: compiled = lowered.compile()
-        except Exception as e:                                        # the TPU compiler refuses programs that cannot fit
-            if "RESOURCE_EXHAUSTED" not in str(e): raise
-            compiled, error = None, " ".join(str(e).split())[:400]
-        t2 = time.perf_counter()
-    finally: jax.config.update("jax_enable_compilation_cache", cache)
-    if compiled is not None:
-        m = compiled.memory_analysis()
-        mem = {k: int(getattr(m, f"{k}_size_in_bytes")) for k in ("argument", "output", "alias", "temp")}
-        mem["code"] = int(m.generated_code_size_in_bytes)
-        mem["total"] = mem["argument"] + mem["output"] - mem["alias"] + mem["temp"] + mem["code"]
-        xla = compiled.cost_analysis(); xla = xla[0] if isinstance(xla, list) else xla
-        hlo = compiled.as_text()
-        prof, prof_min = hlo_profile(hlo, len(devs)), hlo_profile(hlo, len(devs), inexact_trips=1)
-    else:
-        mem = {"argument": None, "output": None, "alias": None, "temp": _refused_bytes(error), "code": None}
-        mem["total"] = mem["temp"]
-        xla, prof = {}, {"flops": {}, "collectives": {}, "loops": [], "inexact_loops": 0}
-        prof_min = prof
+    compiled, error, lower_s, compile_s = _compile(train, batch, key)
+    mem, xla, prof, prof_min = _measure(compiled, error, len(devs))
     coll = [{"part": p, "op": op, "group": g, "count": c, "bytes": b} for (p, op, g), (c, b) in sorted(prof["collectives"].items())]
     kind = getattr(devs[0], "device_kind", "cpu")
-    gen = (re.search(r"v(\d+[a-z]*)", kind.lower()) or re.search(r"v(\d+[a-z]*)", topology or "") or [None, None])[1]
-    hbm = hbm_gib if hbm_gib is not None else HBM_GIB.get(f"v{gen}", 16)
     config = {"preset": cfg.name, "stage": "bart", "topology": topology or f"{len(devs)} x {kind}", "devices": len(devs),
               "device_kind": kind, "mesh": dict(mesh.shape), "per_replica": per_replica, "replicas": replicas, "accum": accum,
               "global_batch": B, "remat": remat, "scan": scan, "dtype": bart.dtype, "param_dtype": bart.param_dtype,
               "optimizer": sc.optimizer if tx is None else "custom", "layers": [bart.encoder_layers, bart.decoder_layers], "shampoo_every": sc.shampoo_every,
               "tokens_per_sample": bart.image_len, "loops": len(prof["loops"]), "loops_at_max_trips": prof["inexact_loops"]}
-    return FitReport(config, mem, state_bytes(train.abstract), int(hbm * 2**30), prof["flops"], float(xla.get("flops", 0.0)), coll, t2 - t1, t1 - t0, error,
-                     prof_min["flops"])
-
-def state_bytes(abstract) -> dict:
-    "Bytes per device of each part of an abstract `TrainState` (`ShapeDtypeStruct`s with shardings): the largest device's share."
-    from dalle_nb.sharding import bytes_per_device
-    return {part: bytes_per_device(getattr(abstract, part)) for part in ("params", "opt", "rest")}
-
-def _refused_bytes(msg: str) -> int:
-    "The bytes a refused program needed, from XLA's out-of-memory message (at least; 0 if it does not say)."
-    units = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
-    m = (re.search(r"temporaries \(([0-9.]+)([KMGT]?)\)", msg) or re.search(r"Used ([0-9.]+)([KMGT]?) of", msg))
-    return int(float(m[1]) * units[m[2]]) if m else 0
+    return FitReport(config, mem, state_bytes(train.abstract), int(_hbm_gib(devs, topology, hbm_gib) * 2**30), prof["flops"],
+                     float(xla.get("flops", 0.0)), coll, compile_s, lower_s, error, prof_min["flops"])
 
 # %% ../nbs/16a_fitcheck.ipynb #4943e87f
 def load_fit_results(path) -> list[dict]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json, os, re, shlex, shutil, signal, socket, subprocess, sys, time
 from dataclasses import dataclass
 from pathlib import Path
+from fastcore.basics import patch
 
 # %% auto #0
 __all__ = ['GCS_ROOT', 'RUNS_DIR', 'VENV', 'PREAMBLE', 'GONE', 'PodError', 'check_name', 'PodSpec', 'gcs_bucket', 'on_worker',
@@ -159,6 +160,7 @@ class Shell:
 
 # %% ../nbs/16_pod.ipynb #af7defe0
 def _files(run: str, directory) -> tuple[Path, Path, Path]:
+    "The log, pid and exit-code files of `run` in `directory` (the run name checked)."
     d = Path(directory).expanduser()
     return d / f"{check_name('run name', run)}.log", d / f"{run}.pid", d / f"{run}.exit"
 
@@ -179,6 +181,7 @@ def worker_status(run: str, directory=f"~/{RUNS_DIR}") -> str:
     if pid.exists() and _alive(int(pid.read_text())): return "running"
     return "absent"
 
+# %% ../nbs/16_pod.ipynb #8b3ed2f3
 def _supervise():
     "The detached supervisor (`python -c` entry): run the command, record its exit code atomically."
     directory, run, *argv = sys.argv[1:]
@@ -201,6 +204,7 @@ def worker_start(run: str, argv, directory=f"~/{RUNS_DIR}", env=None) -> int:
     pid.write_text(f"{p.pid}\n")
     return p.pid
 
+# %% ../nbs/16_pod.ipynb #04955b10
 def worker_stop(run: str, directory=f"~/{RUNS_DIR}", grace: float = 30.0) -> str:
     "SIGTERM to the run's process group, SIGKILL after `grace` seconds; returns the status before stopping."
     before = worker_status(run, directory)
@@ -251,6 +255,7 @@ def _gcsfuse_setup(bucket: str) -> str:
             f" && sudo mkdir -p {mnt} && sudo chown \"$USER\" {mnt}"
             f" && (mountpoint -q {mnt} || gcsfuse --implicit-dirs --rename-dir-limit=1000000 {shlex.quote(b)} {mnt})")
 
+# %% ../nbs/16_pod.ipynb #393e5679
 class TPUPod:
     "A Cloud TPU VM pod driven through `gcloud` (every command an argument list; `DryRun()` prints them instead)."
     def __init__(self, spec: PodSpec, runner=None):
@@ -267,60 +272,71 @@ class TPUPod:
             raise PodError(f"worker must be 'all' or 0..{self.spec.workers - 1}, got {worker!r}")
         return self.gcloud("ssh", self.spec.name, f"--worker={worker}", f"--command={command}")
 
-    # ---- the steps
-    def create(self):
-        "Create the pod (spot/preemptible as the spec says)."
-        s = self.spec
-        extra = {"spot": ["--spot"], "preemptible": ["--preemptible"], "standard": []}[s.provisioning]
-        return self.run(self.gcloud("create", s.name, f"--accelerator-type={s.accelerator}", f"--version={s.version}", *extra))
+# %% ../nbs/16_pod.ipynb #c99907ae
+@patch
+def create(self: TPUPod):
+    "Create the pod (spot/preemptible as the spec says)."
+    s = self.spec
+    extra = {"spot": ["--spot"], "preemptible": ["--preemptible"], "standard": []}[s.provisioning]
+    return self.run(self.gcloud("create", s.name, f"--accelerator-type={s.accelerator}", f"--version={s.version}", *extra))
 
-    def setup(self, wheel, mounts=()):
-        "Install `wheel` (a path to a dalle_nb wheel) with its `tpu` extra on every worker; mount GCS buckets `mounts`."
-        wheel = Path(wheel)
-        if not re.fullmatch(r"dalle_nb-[A-Za-z0-9_.+!-]+\.whl", wheel.name): raise PodError(f"{wheel}: not a dalle_nb wheel file")
-        if not getattr(self.run, "dry", False) and not wheel.exists(): raise PodError(f"{wheel}: no such file")
-        py, venv = self.spec.python, f"$HOME/{VENV}"
-        install = (f"sudo apt-get update -qq && sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -qq {py} {py}-venv"
-                   f" && {py} -m venv \"{venv}\" && \"{venv}/bin/pip\" install -q -U pip"
-                   f" && \"{venv}/bin/pip\" install -q \"$HOME\"/{shlex.quote(wheel.name + '[tpu]')}")
-        steps = [install, *(_gcsfuse_setup(b) for b in mounts)]
-        self.run(self.gcloud("scp", str(wheel), f"{self.spec.name}:{wheel.name}", "--worker=all"))
-        return self.run(self.ssh(" && ".join(steps)))
+@patch
+def setup(self: TPUPod, wheel, mounts=()):
+    "Install `wheel` (a path to a dalle_nb wheel) with its `tpu` extra on every worker; mount GCS buckets `mounts`."
+    wheel = Path(wheel)
+    if not re.fullmatch(r"dalle_nb-[A-Za-z0-9_.+!-]+\.whl", wheel.name): raise PodError(f"{wheel}: not a dalle_nb wheel file")
+    if not getattr(self.run, "dry", False) and not wheel.exists(): raise PodError(f"{wheel}: no such file")
+    py, venv = self.spec.python, f"$HOME/{VENV}"
+    install = (f"sudo apt-get update -qq && sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -qq {py} {py}-venv"
+               f" && {py} -m venv \"{venv}\" && \"{venv}/bin/pip\" install -q -U pip"
+               f" && \"{venv}/bin/pip\" install -q \"$HOME\"/{shlex.quote(wheel.name + '[tpu]')}")
+    steps = [install, *(_gcsfuse_setup(b) for b in mounts)]
+    self.run(self.gcloud("scp", str(wheel), f"{self.spec.name}:{wheel.name}", "--worker=all"))
+    return self.run(self.ssh(" && ".join(steps)))
 
-    def launch(self, job: TrainJob):
-        "Start `job` on every worker (detached; returns when all have started)."
-        return self.run(self.ssh(remote(worker_start_argv(job), env=job.env)))
+@patch
+def delete(self: TPUPod):
+    "Delete the pod (no prompt)."
+    return self.run(self.gcloud("delete", self.spec.name, "--quiet"))
 
-    def logs(self, run: str, worker=0, lines: int = 100, follow: bool = True):
-        "Show (and with `follow`, stream) the log of `run` on `worker`."
-        log = f"\"$HOME\"/{RUNS_DIR}/{shlex.quote(check_name('run name', run) + '.log')}"
-        return self.run(self.ssh(f"tail -n {int(lines)} {'-F ' if follow else ''}{log}", worker=worker))
+# %% ../nbs/16_pod.ipynb #695070ca
+@patch
+def launch(self: TPUPod, job: TrainJob):
+    "Start `job` on every worker (detached; returns when all have started)."
+    return self.run(self.ssh(remote(worker_start_argv(job), env=job.env)))
 
-    def run_status(self, run: str) -> str:
-        "The run's status on worker 0: `running`, `exit N`, `absent` (or `unknown` when the worker cannot be reached)."
-        r = self.run(self.ssh(remote(["dalle-nb", "pod", "worker-status", "--run", check_name("run name", run)]), worker=0), capture=True, check=False)
-        out = r.stdout.strip().splitlines()
-        return out[-1] if r.returncode == 0 and out else "unknown"
+@patch
+def logs(self: TPUPod, run: str, worker=0, lines: int = 100, follow: bool = True):
+    "Show (and with `follow`, stream) the log of `run` on `worker`."
+    log = f"\"$HOME\"/{RUNS_DIR}/{shlex.quote(check_name('run name', run) + '.log')}"
+    return self.run(self.ssh(f"tail -n {int(lines)} {'-F ' if follow else ''}{log}", worker=worker))
 
-    def stop(self, run: str):
-        "Stop `run` on every worker (SIGTERM to its processes; the last checkpoint stays)."
-        return self.run(self.ssh(remote(["dalle-nb", "pod", "worker-stop", "--run", check_name("run name", run)])))
+@patch
+def run_status(self: TPUPod, run: str) -> str:
+    "The run's status on worker 0: `running`, `exit N`, `absent` (or `unknown` when the worker cannot be reached)."
+    r = self.run(self.ssh(remote(["dalle-nb", "pod", "worker-status", "--run", check_name("run name", run)]), worker=0), capture=True, check=False)
+    out = r.stdout.strip().splitlines()
+    return out[-1] if r.returncode == 0 and out else "unknown"
 
-    def state(self) -> str:
-        "The pod's state (READY, CREATING, PREEMPTED, TERMINATED, …), NOT_FOUND, or UNKNOWN (dry run, or gcloud failed)."
-        r = self.run(self.gcloud("describe", self.spec.name, "--format=value(state)"), capture=True, check=False)
-        if r.returncode: return "NOT_FOUND" if "NOT_FOUND" in r.stderr or "not found" in r.stderr.lower() else "UNKNOWN"
-        return r.stdout.strip() or "UNKNOWN"
+@patch
+def stop(self: TPUPod, run: str):
+    "Stop `run` on every worker (SIGTERM to its processes; the last checkpoint stays)."
+    return self.run(self.ssh(remote(["dalle-nb", "pod", "worker-stop", "--run", check_name("run name", run)])))
 
-    def list(self) -> list[dict]:
-        "The TPU VMs in the zone: `[{'name', 'state', 'accelerator'}]`."
-        r = self.run(self.gcloud("list", "--format=json"), capture=True)
-        rows = json.loads(r.stdout) if r.stdout.strip() else []
-        return [{"name": x.get("name", "").rsplit("/", 1)[-1], "state": x.get("state", ""), "accelerator": x.get("acceleratorType", "")} for x in rows]
+# %% ../nbs/16_pod.ipynb #296fff27
+@patch
+def state(self: TPUPod) -> str:
+    "The pod's state (READY, CREATING, PREEMPTED, TERMINATED, …), NOT_FOUND, or UNKNOWN (dry run, or gcloud failed)."
+    r = self.run(self.gcloud("describe", self.spec.name, "--format=value(state)"), capture=True, check=False)
+    if r.returncode: return "NOT_FOUND" if "NOT_FOUND" in r.stderr or "not found" in r.stderr.lower() else "UNKNOWN"
+    return r.stdout.strip() or "UNKNOWN"
 
-    def delete(self):
-        "Delete the pod (no prompt)."
-        return self.run(self.gcloud("delete", self.spec.name, "--quiet"))
+@patch
+def list(self: TPUPod) -> list[dict]:
+    "The TPU VMs in the zone: `[{'name', 'state', 'accelerator'}]`."
+    r = self.run(self.gcloud("list", "--format=json"), capture=True)
+    rows = json.loads(r.stdout) if r.stdout.strip() else []
+    return [{"name": x.get("name", "").rsplit("/", 1)[-1], "state": x.get("state", ""), "accelerator": x.get("acceleratorType", "")} for x in rows]
 
 # %% ../nbs/16_pod.ipynb #08754e32
 GONE = ("PREEMPTED", "TERMINATED", "STOPPED", "NOT_FOUND")
@@ -370,6 +386,7 @@ def _exe() -> str:
     "The `dalle-nb` script of this Python environment."
     return shutil.which("dalle-nb") or str(Path(sys.executable).with_name("dalle-nb"))
 
+# %% ../nbs/16_pod.ipynb #a134878b
 class LocalPod:
     "N processes on localhost with D fake CPU devices each, joined by `jax.distributed`: a pod without a pod."
     def __init__(self, root, processes: int = 2, devices: int = 2, dry_run: bool = False, say=print):
@@ -383,6 +400,7 @@ class LocalPod:
         return [job.argv(f"127.0.0.1:{port}", self.processes, i, exe=(_exe(),)) for i in range(self.processes)]
 
     def env(self, job: TrainJob) -> dict:
+        "The environment of every process: D fake CPU devices, unbuffered output, the job's variables."
         return {**os.environ, "XLA_FLAGS": f"--xla_force_host_platform_device_count={self.devices}", "JAX_PLATFORMS": "cpu",
                 "PYTHONUNBUFFERED": "1", **dict(job.env)}
 
@@ -394,17 +412,27 @@ class LocalPod:
             return cmds
         return [worker_start(job.run, c, self.worker_dir(i), env=self.env(job)) for i, c in enumerate(cmds)]
 
-    def run_status(self, run: str) -> list[str]: return [worker_status(run, self.worker_dir(i)) for i in range(self.processes)]
+# %% ../nbs/16_pod.ipynb #20681ee6
+@patch
+def run_status(self: LocalPod, run: str) -> list[str]:
+    "The status of each process of `run`."
+    return [worker_status(run, self.worker_dir(i)) for i in range(self.processes)]
 
-    def wait(self, run: str, timeout: float = 600, poll: float = 0.5) -> list[str]:
-        "Wait until no process of `run` is running (or `timeout`: then stop them); returns their statuses."
-        end = time.time() + timeout
-        while time.time() < end and "running" in self.run_status(run): time.sleep(poll)
-        if "running" in self.run_status(run): self.stop(run)
-        return self.run_status(run)
+@patch
+def wait(self: LocalPod, run: str, timeout: float = 600, poll: float = 0.5) -> list[str]:
+    "Wait until no process of `run` is running (or `timeout`: then stop them); returns their statuses."
+    end = time.time() + timeout
+    while time.time() < end and "running" in self.run_status(run): time.sleep(poll)
+    if "running" in self.run_status(run): self.stop(run)
+    return self.run_status(run)
 
-    def logs(self, run: str, worker: int = 0, lines: int = 100) -> str:
-        log = self.worker_dir(worker) / f"{check_name('run name', run)}.log"
-        return "\n".join(log.read_text().splitlines()[-lines:]) if log.exists() else ""
+@patch
+def logs(self: LocalPod, run: str, worker: int = 0, lines: int = 100) -> str:
+    "The last `lines` lines of `run`'s log on `worker` ('' if there is none)."
+    log = self.worker_dir(worker) / f"{check_name('run name', run)}.log"
+    return "\n".join(log.read_text().splitlines()[-lines:]) if log.exists() else ""
 
-    def stop(self, run: str) -> list[str]: return [worker_stop(run, self.worker_dir(i), grace=10) for i in range(self.processes)]
+@patch
+def stop(self: LocalPod, run: str) -> list[str]:
+    "Stop every process of `run` (10 s grace); returns their statuses before."
+    return [worker_stop(run, self.worker_dir(i), grace=10) for i in range(self.processes)]

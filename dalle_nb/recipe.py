@@ -61,10 +61,8 @@ def _card(cfg: RunConfig, hists: dict, seconds: dict, command: str, prev: str = 
     return "\n".join(lines) + "\n"
 
 # %% ../nbs/15b_recipe.ipynb #f89ec11a
-def train_all(cfg: RunConfig, workdir, stages=None, progress: bool = True, command: str = "", data=None) -> Path:
-    "Train the tokenizer and the requested stages (default: all of `cfg`'s); write (or update) the model directory `workdir/model` (process 0 writes). `data`: token shard directories for the transformer stage."
-    workdir = Path(workdir); workdir.mkdir(parents=True, exist_ok=True)
-    out = workdir / "model"
+def _checked_stages(cfg: RunConfig, stages, data) -> tuple:
+    "The stages to train, in the table's order, after checking they exist, belong to `cfg`'s run and (with `data`) read tokens."
     stages = stages_for(cfg) if stages is None else tuple(stages)
     bad = set(stages) - set(STAGES)
     if bad: raise TrainSetupError(f"unknown stage(s) {sorted(bad)}; choose from {','.join(STAGES)}")
@@ -75,6 +73,10 @@ def train_all(cfg: RunConfig, workdir, stages=None, progress: bool = True, comma
     stages = tuple(s for s in stages_for(cfg) if s in stages)      # in the table's order
     if data and not set(stages) <= set(TOKEN_STAGES):
         raise TrainSetupError(f"--data streams token shards to the {'/'.join(TOKEN_STAGES)} stages only: add --stages {cfg.arch} (stages now: {','.join(stages)})")
+    return stages
+
+def _previous(cfg: RunConfig, out: Path, stages) -> Models | None:
+    "The existing model directory a partial run keeps the other stages' models from (checked), or None for a full run."
     needed = _models_of(cfg)
     partial = not needed <= set(stages)
     prev = load_models(out) if partial and (out / "config.json").exists() else None
@@ -85,6 +87,15 @@ def train_all(cfg: RunConfig, workdir, stages=None, progress: bool = True, comma
         if changed: raise TrainSetupError(f"the existing model in {out} was built with other {', '.join(changed)} settings: retrain those stages too")
     elif partial:
         raise TrainSetupError(f"--stages {','.join(stages)} needs the other stages' models in {out}: train all stages first")
+    return prev
+
+# %% ../nbs/15b_recipe.ipynb #3ab7d89e
+def train_all(cfg: RunConfig, workdir, stages=None, progress: bool = True, command: str = "", data=None) -> Path:
+    "Train the tokenizer and the requested stages (default: all of `cfg`'s); write (or update) the model directory `workdir/model` (process 0 writes). `data`: token shard directories for the transformer stage."
+    workdir = Path(workdir); workdir.mkdir(parents=True, exist_ok=True)
+    out = workdir / "model"
+    stages = _checked_stages(cfg, stages, data)
+    prev = _previous(cfg, out, stages)
     d = cfg.data
     images, captions = make_split("train", d.n_train, d.seed) if not data else (None, None)
     val_images, val_captions = make_split("val", d.n_val, d.seed) if not data else (None, None)

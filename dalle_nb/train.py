@@ -60,6 +60,7 @@ def _structs(tree):
     return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), tree)
 
 def _with_shardings(abstract, shardings):
+    "`abstract` (ShapeDtypeStructs) carrying `shardings` (a tree whose leaves are shardings, a prefix of `abstract`)."
     return jax.tree.map(lambda s, sub: jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), sub),
                         shardings, abstract)
 
@@ -69,6 +70,7 @@ def _in_mesh(mesh: Mesh, rules):
     with jax.sharding.use_abstract_mesh(mesh.abstract_mesh), flax_spmd.logical_axis_rules(rules):
         yield
 
+# %% ../nbs/15_train.ipynb #5c6790c5
 class TrainStep(NamedTuple):
     "A sharded, jitted train step and what goes with it (see `make_sharded_train_step`)."
     init: Callable           # init(model) -> TrainState on the mesh, from the model's current values
@@ -114,7 +116,91 @@ def _merge_replicas(x):
     "One value of a variable each replica updated: the mean of floats (statistics), the first replica's otherwise."
     return x.mean(0).astype(x.dtype) if jnp.issubdtype(x.dtype, jnp.inexact) else x[0]
 
-# %% ../nbs/15_train.ipynb #56f22f34
+# %% ../nbs/15_train.ipynb #240fce4f
+def _grads_fn(graphdef, loss_fn, loss_scale: float = 1.0):
+    "`grads(params, rest, batch, key, scales) -> (loss, gradients (unscaled), overflow flags or None, metrics, other variables)`."
+    def grads(params, rest, batch, key, scales):
+        def f(p, s):
+            m = nnx.merge(graphdef, p, jax.tree.map(lambda v: v, rest))   # fresh variables: the loss may update them
+            loss, metrics = loss_fn(m, batch, key, **({} if s is None else {"residual": scaled_residual(s)}))
+            return loss * loss_scale, (loss, metrics, nnx.state(m, nnx.Not(nnx.Param)))
+        (_, (loss, metrics, rest)), (g, flags) = jax.value_and_grad(f, argnums=(0, 1), has_aux=True)(params, scales)
+        if loss_scale != 1: g = jax.tree.map(lambda x: x / loss_scale, g)
+        return loss, g, flags, metrics, rest
+    return grads
+
+# %% ../nbs/15_train.ipynb #c394926c
+def _replica_grads_fn(grads, reduce, replicas: int, rules):
+    "`grads`, or with a reduction each data-parallel replica's own: gradients stacked on a leading axis split over `dp`."
+    def replica_grads(params, rest, batch, key, scales):
+        if reduce is None: return grads(params, rest, batch, key, scales)
+        cut = jax.tree.map(lambda x: x.reshape(replicas, x.shape[0] // replicas, *x.shape[1:]), batch)
+        with flax_spmd.logical_axis_rules(_replica_rules(rules)):
+            loss, g, flags, metrics, rest = jax.vmap(grads, in_axes=(None, None, 0, 0, None), spmd_axis_name="dp")(
+                params, rest, cut, jax.random.split(key, replicas), scales)
+        return (loss.mean(), g, None if flags is None else flags.sum(0), jax.tree.map(jnp.mean, metrics),
+                jax.tree.map(_merge_replicas, rest))
+    return replica_grads
+
+# %% ../nbs/15_train.ipynb #4af2eee7
+def _accumulated_fn(replica_grads, grad_accum: int, reduce, replicas: int, data, shardings):
+    "`replica_grads` over `grad_accum` micro-batches: summed flags, mean loss, gradients and metrics."
+    def accumulated(state, batch, key, scales):
+        if grad_accum == 1: return replica_grads(state.params, state.rest, batch, key, scales)
+        k = grad_accum
+        for x in jax.tree.leaves(batch):
+            if x.shape[0] % k: raise ValueError(f"train step: batch of {x.shape[0]} does not split into grad_accum={k} micro-batches")
+        micro = jax.tree.map(lambda x: x.reshape(x.shape[0] // k, k, *x.shape[1:]).swapaxes(0, 1), batch)
+        def body(carry, xs):
+            gsum, fsum, rest = carry
+            mb, i = xs
+            mb = jax.tree.map(lambda x: jax.lax.with_sharding_constraint(x, data.spec), mb)
+            loss, g, flags, metrics, rest = replica_grads(state.params, rest, mb, jax.random.fold_in(key, i), scales)
+            return (jax.tree.map(jnp.add, gsum, g), jax.tree.map(jnp.add, fsum, flags), rest), (loss, metrics)
+        gzero = (jax.tree.map(jnp.zeros_like, state.params) if reduce is None else jax.tree.map(       # laid out like the gradients
+            lambda s, v: jax.tree.map(lambda x: jax.lax.with_sharding_constraint(jnp.zeros((replicas, *x.shape), x.dtype), P("dp", *s.spec)), v),
+            shardings.params, state.params))
+        fzero = None if scales is None else jnp.zeros_like(scales)
+        (gsum, flags, rest), (losses, metrics) = jax.lax.scan(body, (gzero, fzero, state.rest), (micro, jnp.arange(k)))
+        return losses.mean(), jax.tree.map(lambda x: x / k, gsum), flags, jax.tree.map(lambda m: m.mean(0), metrics), rest
+    return accumulated
+
+# %% ../nbs/15_train.ipynb #85c2fd97
+def _train_step_fn(accumulated, tx, reduce, mesh: Mesh, rules, extras: bool, block_scales: int, scale_growth: int):
+    "`train_step(state, batch, key) -> (state, metrics)`: gradients, the non-finite guard, the reduction, the update, the scales."
+    def train_step(state: TrainState, batch, key):
+        opt = state.opt if extras else StepExtras(state.opt, optax.EmptyState(), optax.EmptyState())
+        scales = opt.scales.scale if block_scales else None
+        with _in_mesh(mesh, rules):
+            loss, g, flags, metrics, rest = accumulated(state, batch, key, scales)
+            finite = jnp.isfinite(loss) & jnp.all(jnp.stack([jnp.isfinite(x).all() for x in jax.tree.leaves(g)]))
+            g, comm = reduce.update(g, opt.reduce) if reduce else (g, opt.reduce)     # the (compressed) all-reduce
+            def apply(_):
+                updates, o = tx.update(g, opt.tx, state.params)
+                new = jax.tree.map(lambda n, o: n.astype(o.dtype), optax.apply_updates(state.params, updates), state.params)
+                return new, rest, o, comm           # parameters keep their dtype (bfloat16 ones too)
+            params, rest, o, comm = jax.lax.cond(finite, apply, lambda _: (state.params, state.rest, opt.tx, opt.reduce), None)
+        if block_scales:
+            metrics = {**metrics, "overflowed_blocks": (flags > 0).sum().astype(jnp.float32)}
+            opt = opt._replace(scales=update_scales(opt.scales, flags, growth_interval=scale_growth))
+        opt = opt._replace(tx=o, reduce=comm)
+        new = TrainState(state.step + 1, params, rest, opt if extras else opt.tx, state.skipped + (~finite).astype(jnp.int32))
+        return new, {**metrics, "grad_norm": optax.global_norm(g), "finite": finite}
+    return train_step
+
+# %% ../nbs/15_train.ipynb #4e57775b
+def _init_fn(opt_init, shardings: TrainState, mesh: Mesh, rules):
+    "`init(model) -> TrainState` on the mesh, from the model's current values (the optimiser initialised there)."
+    def fresh(params, rest):
+        with _in_mesh(mesh, rules):
+            zero = jnp.zeros((), jnp.int32)
+            return TrainState(zero, params, rest, opt_init(params), zero)
+    init_jit = jax.jit(fresh, in_shardings=(shardings.params, shardings.rest), out_shardings=shardings)
+    def init(model) -> TrainState:
+        _, p, r = nnx.split(model, nnx.Param, ...)
+        return init_jit(place(p, shardings.params), place(r, shardings.rest))
+    return init
+
 def make_sharded_train_step(loss_fn, model, tx: optax.GradientTransformation, mesh: Mesh | None = None, rules=RULES,
                             grad_accum: int = 1, reduce: GradReduction | None = None, loss_scale: float = 1.0,
                             block_scales: int = 0, scale_growth: int = 1000) -> TrainStep:
@@ -134,78 +220,11 @@ def make_sharded_train_step(loss_fn, model, tx: optax.GradientTransformation, me
     shardings = TrainState(rep, state_shardings(params, mesh, rules), state_shardings(rest, mesh, rules),
                            opt_state_shardings(abstract.opt, params, mesh, rules), rep)
     data = batch_sharding(mesh, 1, rules)        # a prefix for every array of the batch: leading axis split
-
-    def grads(params, rest, batch, key, scales):
-        "Loss, gradients (unscaled), per-block overflow flags (None without scales), metrics, the other variables."
-        def f(p, s):
-            m = nnx.merge(graphdef, p, jax.tree.map(lambda v: v, rest))   # fresh variables: the loss may update them
-            loss, metrics = loss_fn(m, batch, key, **({} if s is None else {"residual": scaled_residual(s)}))
-            return loss * loss_scale, (loss, metrics, nnx.state(m, nnx.Not(nnx.Param)))
-        (_, (loss, metrics, rest)), (g, flags) = jax.value_and_grad(f, argnums=(0, 1), has_aux=True)(params, scales)
-        if loss_scale != 1: g = jax.tree.map(lambda x: x / loss_scale, g)
-        return loss, g, flags, metrics, rest
-
-    def replica_grads(params, rest, batch, key, scales):
-        "`grads`, or with a reduction each data-parallel replica's own: gradients stacked on a leading axis split over `dp`."
-        if reduce is None: return grads(params, rest, batch, key, scales)
-        cut = jax.tree.map(lambda x: x.reshape(replicas, x.shape[0] // replicas, *x.shape[1:]), batch)
-        with flax_spmd.logical_axis_rules(_replica_rules(rules)):
-            loss, g, flags, metrics, rest = jax.vmap(grads, in_axes=(None, None, 0, 0, None), spmd_axis_name="dp")(
-                params, rest, cut, jax.random.split(key, replicas), scales)
-        return (loss.mean(), g, None if flags is None else flags.sum(0), jax.tree.map(jnp.mean, metrics),
-                jax.tree.map(_merge_replicas, rest))
-
-    def accumulated(state, batch, key, scales):
-        "`replica_grads` over `grad_accum` micro-batches: summed flags, mean loss, gradients and metrics."
-        if grad_accum == 1: return replica_grads(state.params, state.rest, batch, key, scales)
-        k = grad_accum
-        for x in jax.tree.leaves(batch):
-            if x.shape[0] % k: raise ValueError(f"train step: batch of {x.shape[0]} does not split into grad_accum={k} micro-batches")
-        micro = jax.tree.map(lambda x: x.reshape(x.shape[0] // k, k, *x.shape[1:]).swapaxes(0, 1), batch)
-        def body(carry, xs):
-            gsum, fsum, rest = carry
-            mb, i = xs
-            mb = jax.tree.map(lambda x: jax.lax.with_sharding_constraint(x, data.spec), mb)
-            loss, g, flags, metrics, rest = replica_grads(state.params, rest, mb, jax.random.fold_in(key, i), scales)
-            return (jax.tree.map(jnp.add, gsum, g), jax.tree.map(jnp.add, fsum, flags), rest), (loss, metrics)
-        gzero = (jax.tree.map(jnp.zeros_like, state.params) if reduce is None else jax.tree.map(       # laid out like the gradients
-            lambda s, v: jax.tree.map(lambda x: jax.lax.with_sharding_constraint(jnp.zeros((replicas, *x.shape), x.dtype), P("dp", *s.spec)), v),
-            shardings.params, state.params))
-        fzero = None if scales is None else jnp.zeros_like(scales)
-        (gsum, flags, rest), (losses, metrics) = jax.lax.scan(body, (gzero, fzero, state.rest), (micro, jnp.arange(k)))
-        return losses.mean(), jax.tree.map(lambda x: x / k, gsum), flags, jax.tree.map(lambda m: m.mean(0), metrics), rest
-
-    def train_step(state: TrainState, batch, key):
-        opt = state.opt if extras else StepExtras(state.opt, optax.EmptyState(), optax.EmptyState())
-        scales = opt.scales.scale if block_scales else None
-        with _in_mesh(mesh, rules):
-            loss, g, flags, metrics, rest = accumulated(state, batch, key, scales)
-            finite = jnp.isfinite(loss) & jnp.all(jnp.stack([jnp.isfinite(x).all() for x in jax.tree.leaves(g)]))
-            g, comm = reduce.update(g, opt.reduce) if reduce else (g, opt.reduce)     # the (compressed) all-reduce
-            def apply(_):
-                updates, o = tx.update(g, opt.tx, state.params)
-                new = jax.tree.map(lambda n, o: n.astype(o.dtype), optax.apply_updates(state.params, updates), state.params)
-                return new, rest, o, comm           # parameters keep their dtype (bfloat16 ones too)
-            params, rest, o, comm = jax.lax.cond(finite, apply, lambda _: (state.params, state.rest, opt.tx, opt.reduce), None)
-        if block_scales:
-            metrics = {**metrics, "overflowed_blocks": (flags > 0).sum().astype(jnp.float32)}
-            opt = opt._replace(scales=update_scales(opt.scales, flags, growth_interval=scale_growth))
-        opt = opt._replace(tx=o, reduce=comm)
-        new = TrainState(state.step + 1, params, rest, opt if extras else opt.tx, state.skipped + (~finite).astype(jnp.int32))
-        return new, {**metrics, "grad_norm": optax.global_norm(g), "finite": finite}
-
+    grads = _replica_grads_fn(_grads_fn(graphdef, loss_fn, loss_scale), reduce, replicas, rules)
+    train_step = _train_step_fn(_accumulated_fn(grads, grad_accum, reduce, replicas, data, shardings), tx, reduce, mesh, rules,
+                                extras, block_scales, scale_growth)
     step = jax.jit(train_step, in_shardings=(shardings, data, rep), out_shardings=(shardings, rep), donate_argnums=0)
-
-    def fresh(params, rest):
-        with _in_mesh(mesh, rules):
-            zero = jnp.zeros((), jnp.int32)
-            return TrainState(zero, params, rest, opt_init(params), zero)
-    init_jit = jax.jit(fresh, in_shardings=(shardings.params, shardings.rest), out_shardings=shardings)
-    def init(model) -> TrainState:
-        _, p, r = nnx.split(model, nnx.Param, ...)
-        return init_jit(place(p, shardings.params), place(r, shardings.rest))
-
-    return TrainStep(init, step, shardings, _with_shardings(abstract, shardings), mesh, tuple(rules), graphdef)
+    return TrainStep(_init_fn(opt_init, shardings, mesh, rules), step, shardings, _with_shardings(abstract, shardings), mesh, tuple(rules), graphdef)
 
 # %% ../nbs/15_train.ipynb #400fd7a2
 def make_train_step(loss_fn, grad_accum: int = 1):
@@ -294,6 +313,7 @@ def _open_checkpoints(directory: Path, cfg: StageConfig) -> Checkpointer:
     _sync("checkpoints-moved")
     return Checkpointer(directory)
 
+# %% ../nbs/15_train.ipynb #1fe59d54
 def _step_options(model, cfg: StageConfig) -> dict:
     "The train step's options a stage config asks for: PowerSGD, a loss scale, per-resblock gradient scales."
     blocks = getattr(model, "residual_blocks", 0) if cfg.block_grad_scale else 0
@@ -310,6 +330,43 @@ def _accumulate(acc, metrics):
     m["steps"] = ok.astype(jnp.float32)
     return m if acc is None else jax.tree.map(jnp.add, acc, m)
 
+def _log_row(acc, done: int, lr: float, skipped: int, t0: float) -> dict:
+    "A history row: the means of the applied steps' metrics since the last row, the learning rate, skips, seconds."
+    sums = {k: float(v) for k, v in acc.items()}
+    n = sums.pop("steps")
+    return {"step": done, "lr": lr, **{k: v / n if n else float("nan") for k, v in sums.items()},
+            "skipped": skipped, "seconds": round(time.perf_counter() - t0, 2)}
+
+# %% ../nbs/15_train.ipynb #96dd5c8e
+def _start(train: TrainStep, model, ckpt, batches, key):
+    "Where a run starts: `(state, step, history, key, metric sums)` from the latest checkpoint (and `batches` moved there), or afresh from `model`."
+    if ckpt is None or ckpt.latest is None: return train.init(model), 0, [], key, None
+    state, meta = ckpt.restore(train.abstract)
+    batches.restore(meta["data"])
+    key = jax.random.wrap_key_data(np.asarray(meta["rng"], np.uint32))
+    acc = {k: np.float32(v) for k, v in meta["acc"].items()} if meta.get("acc") else None
+    return state, meta["step"], meta["history"], key, acc
+
+def _ckpt_meta(done: int, history, batches, cfg: StageConfig, key, acc) -> dict:
+    "The JSON saved beside a checkpoint: what a resume needs besides the state."
+    return {"step": done, "history": history, "data": batches.state(), "stage": _stage_key(cfg),
+            "rng": np.asarray(jax.random.key_data(key)).tolist(), "acc": None if acc is None else {k: float(v) for k, v in acc.items()}}
+
+def _report_skips(say, desc: str, row: dict, seen: int) -> int:
+    "Say (process 0) how many steps up to `row` were skipped since `seen`; returns the count now seen."
+    if row["skipped"] > seen and is_primary():
+        say(f"{desc}: {row['skipped'] - seen} step(s) up to {row['step']} skipped: non-finite loss or gradients "
+            f"({row['skipped']} in all)")
+    return row["skipped"]
+
+def _keep_row(row: dict, history: list, log, logfile):
+    "Append `row` to the history, hand it to `log`, and to this process's jsonl log."
+    history.append(row)
+    if log is not None: log(row)
+    if logfile is not None:
+        with open(logfile, "a") as f: f.write(json.dumps(row) + "\n")
+
+# %% ../nbs/15_train.ipynb #11c4e10f
 def fit(model, tx: optax.GradientTransformation, loss_fn, batches, cfg: StageConfig, *, mesh: Mesh | None = None,
         rules=RULES, key=None, workdir=None, eval_fn=None, desc: str = "train", progress: bool = True, log=None,
         until: int | None = None, hooks=()) -> list[dict]:
@@ -319,15 +376,7 @@ def fit(model, tx: optax.GradientTransformation, loss_fn, batches, cfg: StageCon
     key = jax.random.key(cfg.seed) if key is None else key
     ckpt = _open_checkpoints(Path(workdir) / "ckpt", cfg) if workdir else None
     logfile = Path(workdir) / f"log.process-{jax.process_index()}.jsonl" if workdir else None
-    history, start, acc = [], 0, None
-    if ckpt is not None and ckpt.latest is not None:
-        state, meta = ckpt.restore(train.abstract)
-        start, history = meta["step"], meta["history"]
-        batches.restore(meta["data"])
-        key = jax.random.wrap_key_data(np.asarray(meta["rng"], np.uint32))
-        if meta.get("acc"): acc = {k: np.float32(v) for k, v in meta["acc"].items()}
-    else:
-        state = train.init(model)
+    state, start, history, key, acc = _start(train, model, ckpt, batches, key)
     sched = lr_schedule(cfg)
     t0, seen_skips = time.perf_counter(), int(state.skipped)
     end = cfg.steps if until is None else min(until, cfg.steps)
@@ -344,27 +393,15 @@ def fit(model, tx: optax.GradientTransformation, loss_fn, batches, cfg: StageCon
             acc = _accumulate(acc, metrics)
             done = step + 1
             if done % cfg.log_every == 0 or done == cfg.steps:
-                sums = {k: float(v) for k, v in acc.items()}
-                n = sums.pop("steps")
-                row = {"step": done, "lr": float(sched(step)), **{k: v / n if n else float("nan") for k, v in sums.items()},
-                       "skipped": int(state.skipped), "seconds": round(time.perf_counter() - t0, 2)}
-                acc = None
-                if row["skipped"] > seen_skips and is_primary():
-                    say(f"{desc}: {row['skipped'] - seen_skips} step(s) up to {done} skipped: non-finite loss or gradients "
-                        f"({row['skipped']} in all)")
-                seen_skips = row["skipped"]
+                row, acc = _log_row(acc, done, float(sched(step)), int(state.skipped), t0), None
+                seen_skips = _report_skips(say, desc, row, seen_skips)
                 if eval_fn is not None and (done % cfg.eval_every == 0 or done == cfg.steps):
                     train.write_back(model, state)
                     row.update({f"val_{k}": float(v) for k, v in eval_fn(model).items()})
-                history.append(row)
                 bar.set_postfix(loss=f"{row['loss']:.4f}")
-                if log is not None: log(row)
-                if logfile is not None:
-                    with open(logfile, "a") as f: f.write(json.dumps(row) + "\n")
+                _keep_row(row, history, log, logfile)
             if ckpt is not None and (done % cfg.ckpt_every == 0 or done == end):
-                ckpt.save(done, state, {"step": done, "history": history, "data": batches.state(), "stage": _stage_key(cfg),
-                                        "rng": np.asarray(jax.random.key_data(key)).tolist(),
-                                        "acc": None if acc is None else {k: float(v) for k, v in acc.items()}})
+                ckpt.save(done, state, _ckpt_meta(done, history, batches, cfg, key, acc))
     finally:
         train.write_back(model, state)
         if ckpt is not None: ckpt.close()
