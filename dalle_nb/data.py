@@ -10,6 +10,7 @@ import math
 import numpy as np
 import jax, jax.numpy as jnp
 from tqdm.auto import tqdm
+from fastcore.basics import patch_to
 from .sharding import RULES, batch_slice, to_host
 
 # %% auto #0
@@ -44,35 +45,43 @@ class Batches:
         self.steps_per_epoch = self.n // batch_size
         self._perm_epoch, self._perm = None, None
 
-    def indices(self, step: int) -> np.ndarray:
-        "Example indices of this process's part of global batch `step`."
-        epoch, i = divmod(step, self.steps_per_epoch)
-        if epoch != self._perm_epoch:
-            self._perm, self._perm_epoch = np.random.default_rng([self.seed, epoch]).permutation(self.n), epoch
-        glob = self._perm[i * self.batch_size:(i + 1) * self.batch_size]
-        local = self.batch_size // self.process_count
-        return glob[self.process_index * local:(self.process_index + 1) * local]
+# %% ../nbs/14_data.ipynb #6e8cad11
+@patch_to(Batches)
+def indices(self, step: int) -> np.ndarray:
+    "Example indices of this process's part of global batch `step`."
+    epoch, i = divmod(step, self.steps_per_epoch)
+    if epoch != self._perm_epoch:
+        self._perm, self._perm_epoch = np.random.default_rng([self.seed, epoch]).permutation(self.n), epoch
+    glob = self._perm[i * self.batch_size:(i + 1) * self.batch_size]
+    local = self.batch_size // self.process_count
+    return glob[self.process_index * local:(self.process_index + 1) * local]
 
-    def __iter__(self): return self
-    def __next__(self) -> dict:
-        idx = self.indices(self.step)
-        self.step += 1
-        return {k: np.asarray(v[idx]) for k, v in self.arrays.items()}
+# %% ../nbs/14_data.ipynb #12af8dd4
+@patch_to(Batches)
+def __iter__(self): return self
 
-    def state(self) -> dict:
-        "Where the iterator is: the global step and the seed (JSON; the same in every process)."
-        return {"step": self.step, "seed": self.seed}
+@patch_to(Batches)
+def __next__(self) -> dict:
+    idx = self.indices(self.step)
+    self.step += 1
+    return {k: np.asarray(v[idx]) for k, v in self.arrays.items()}
 
-    def restore(self, state: dict):
-        "Continue from a `state()` snapshot."
-        if state["seed"] != self.seed: raise ValueError(f"Batches: checkpoint was drawn with seed {state['seed']}, not {self.seed}")
-        self.step = int(state["step"]); return self
+@patch_to(Batches)
+def state(self) -> dict:
+    "Where the iterator is: the global step and the seed (JSON; the same in every process)."
+    return {"step": self.step, "seed": self.seed}
 
-    @classmethod
-    def on_mesh(cls, arrays: dict, batch_size: int, mesh, seed: int = 0, rules=RULES) -> "Batches":
-        "Batches of `batch_size` rows in all, this process reading only the rows its devices of `mesh` hold."
-        index, count = batch_slice(mesh, batch_size, rules)
-        return cls(arrays, batch_size, seed=seed, process_index=index, process_count=count)
+@patch_to(Batches)
+def restore(self, state: dict):
+    "Continue from a `state()` snapshot."
+    if state["seed"] != self.seed: raise ValueError(f"Batches: checkpoint was drawn with seed {state['seed']}, not {self.seed}")
+    self.step = int(state["step"]); return self
+
+@patch_to(Batches, cls_method=True)
+def on_mesh(cls, arrays: dict, batch_size: int, mesh, seed: int = 0, rules=RULES) -> "Batches":
+    "Batches of `batch_size` rows in all, this process reading only the rows its devices of `mesh` hold."
+    index, count = batch_slice(mesh, batch_size, rules)
+    return cls(arrays, batch_size, seed=seed, process_index=index, process_count=count)
 
 # %% ../nbs/14_data.ipynb #2ab2941f
 def blank_captions(text_ids, blank_row, prob: float, key):

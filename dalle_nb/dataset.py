@@ -111,21 +111,26 @@ class TarSource:
     def __len__(self): return len(self.samples)
     def describe(self) -> dict: return {"kind": self.kind, "paths": [str(p.resolve()) for p in self.paths], "records": len(self)}
 
-    def _read(self, t: int, info) -> bytes:
-        if self._open.get("index") != t:                  # one tar open at a time: samples come in file order
-            if self._open: self._open["file"].close()
-            self._open = {"index": t, "file": tarfile.open(self.paths[t])}
-        return self._open["file"].extractfile(info).read()
+# %% ../nbs/14a_dataset.ipynb #a96d27d5
+@patch_to(TarSource)
+def _read(self, t: int, info) -> bytes:
+    "The bytes of member `info` of tar `t` (one tar open at a time: samples come in file order)."
+    if self._open.get("index") != t:
+        if self._open: self._open["file"].close()
+        self._open = {"index": t, "file": tarfile.open(self.paths[t])}
+    return self._open["file"].extractfile(info).read()
 
-    def iter_range(self, start: int, stop: int):
-        for t, key, g in self.samples[start:stop]:
-            img = next((g[e] for e in ("jpg", "jpeg", "png", "webp", "bmp", "gif") if e in g), None)
-            try:
-                cap = self._read(t, g["txt"]).decode("utf-8", "replace").strip() if "txt" in g else None
-                data = self._read(t, img) if img is not None else None
-            except (tarfile.TarError, OSError, EOFError) as e:
-                yield Pair(f"{self.paths[t].name}:{key}", None, None, f"unreadable tar member ({type(e).__name__}: {e})"); continue
-            yield Pair(f"{self.paths[t].name}:{key}", data, cap)
+@patch_to(TarSource)
+def iter_range(self, start: int, stop: int):
+    "The records `[start, stop)` as `Pair`s (key `tarname:samplekey`)."
+    for t, key, g in self.samples[start:stop]:
+        img = next((g[e] for e in ("jpg", "jpeg", "png", "webp", "bmp", "gif") if e in g), None)
+        try:
+            cap = self._read(t, g["txt"]).decode("utf-8", "replace").strip() if "txt" in g else None
+            data = self._read(t, img) if img is not None else None
+        except (tarfile.TarError, OSError, EOFError) as e:
+            yield Pair(f"{self.paths[t].name}:{key}", None, None, f"unreadable tar member ({type(e).__name__}: {e})"); continue
+        yield Pair(f"{self.paths[t].name}:{key}", data, cap)
 
 # %% ../nbs/14a_dataset.ipynb #501bca96
 class ParquetSource:
@@ -208,21 +213,27 @@ class ShardedEncoder:
             self._graphs, self._params["clip"] = (self._graphs, gc), jax.device_put(sc, rep)
             self.clip_text = TextEncoder(models.text.tokenizer, models.cfg.clip.text_len)
 
-    def submit(self, images, captions):
-        "Start encoding uint8 `[n, size, size, 3]` images (n ≤ batch_size); returns a handle for `collect`."
-        n = len(images)
-        if not 0 < n <= self.batch_size: raise ValueError(f"ShardedEncoder: batches of 1..{self.batch_size} images, got {n}")
-        pad = lambda a: np.concatenate([a, np.zeros((self.batch_size - n, *a.shape[1:]), a.dtype)]) if n < self.batch_size else a
-        x = jax.device_put(pad(np.asarray(images, np.uint8)), batch_sharding(self.mesh, 4))
-        t = jax.device_put(pad(self.clip_text(list(captions))), batch_sharding(self.mesh, 2)) if self.clip_text is not None else None
-        return n, _encode_batch(self._graphs, self._params, x, t)
+# %% ../nbs/14a_dataset.ipynb #9bcdb48c
+@patch_to(ShardedEncoder)
+def submit(self, images, captions):
+    "Start encoding uint8 `[n, size, size, 3]` images (n ≤ batch_size); returns a handle for `collect`."
+    n = len(images)
+    if not 0 < n <= self.batch_size: raise ValueError(f"ShardedEncoder: batches of 1..{self.batch_size} images, got {n}")
+    pad = lambda a: np.concatenate([a, np.zeros((self.batch_size - n, *a.shape[1:]), a.dtype)]) if n < self.batch_size else a
+    x = jax.device_put(pad(np.asarray(images, np.uint8)), batch_sharding(self.mesh, 4))
+    t = jax.device_put(pad(self.clip_text(list(captions))), batch_sharding(self.mesh, 2)) if self.clip_text is not None else None
+    return n, _encode_batch(self._graphs, self._params, x, t)
 
-    def collect(self, handle) -> dict:
-        "Wait for a `submit`ted batch: `{'encoding': int32 [n, tokens], 'clip_score': float32 [n]}` as numpy."
-        n, out = handle
-        return {k: np.asarray(v)[:n] for k, v in out.items()}
+@patch_to(ShardedEncoder)
+def collect(self, handle) -> dict:
+    "Wait for a `submit`ted batch: `{'encoding': int32 [n, tokens], 'clip_score': float32 [n]}` as numpy."
+    n, out = handle
+    return {k: np.asarray(v)[:n] for k, v in out.items()}
 
-    def __call__(self, images, captions=None) -> dict: return self.collect(self.submit(images, captions or [""] * len(images)))
+@patch_to(ShardedEncoder)
+def __call__(self, images, captions=None) -> dict:
+    "Encode a batch at once: `collect(submit(images, captions))`."
+    return self.collect(self.submit(images, captions or [""] * len(images)))
 
 # %% ../nbs/14a_dataset.ipynb #21630f79
 def vqgan_fingerprint(vqgan) -> str:
@@ -297,7 +308,31 @@ def _finished(out: Path, entry: dict) -> bool:
     try: return pq.ParquetFile(out / entry["file"]).metadata.num_rows == entry["rows"]
     except (pa.ArrowException, OSError): return False
 
-# %% ../nbs/14a_dataset.ipynb #460e37b4
+# %% ../nbs/14a_dataset.ipynb #51095240
+def _job(src, models: Models, shard_size: int, clip_score: bool):
+    "What a job's shards depend on (format, source, VQGAN, shard size, columns), and the arrow type of its codes."
+    code_type = pa.int16() if models.cfg.vqgan.n_codes <= 32767 else pa.int32()
+    columns = {"key": "string", "caption": "string", "encoding": f"fixed_size_list<{code_type}>[{models.cfg.vqgan.n_tokens}]",
+               **({"clip_score": "float32"} if clip_score else {})}
+    return {"format": FORMAT, "source": src.describe(), "model": _model_info(models), "shard_size": shard_size, "columns": columns}, code_type
+
+def _open_manifest(out: Path, job: dict) -> dict:
+    "The manifest in `out` (a new one for `job` if none), checked against `job`, listing only the shards finished on disk."
+    try: man = json.loads((out / MANIFEST).read_text()) if (out / MANIFEST).exists() else {**job, "created": _utcnow(), "shards": []}
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise EncodeError(f"{out / MANIFEST}: not a readable manifest ({e}); move it away to start afresh") from None
+    _compatible(man, job, out)
+    man["shards"] = [s for s in man["shards"] if _finished(out, s)]
+    return man
+
+def _summarise(out: Path, man: dict, src, complete: bool):
+    "Total the shards' rows and skips into the manifest and write it atomically."
+    man["shards"].sort(key=lambda s: s["index"])
+    man.update(rows=sum(s["rows"] for s in man["shards"]), skipped=dict(sum((Counter(s["skipped"]) for s in man["shards"]), Counter())),
+               source_errors=list(src.errors), complete=complete, updated=_utcnow())
+    _write_json_atomic(out / MANIFEST, man)
+
+# %% ../nbs/14a_dataset.ipynb #3deb1562
 def encode_to_shards(source, out, models: Models, batch_size: int = 64, shard_size: int = 10_000, clip_score: bool = False,
                      workers: int | None = None, progress: bool = True, devices=None, command: str = "") -> dict:
     "Encode the image–caption records of `source` (a source, or paths for `open_source`) into token shards in `out`; returns the manifest."
@@ -308,25 +343,13 @@ def encode_to_shards(source, out, models: Models, batch_size: int = 64, shard_si
     if n == 0: raise EncodeError(f"{', '.join(src.describe()['paths'])}: no image–caption records found")
     out.mkdir(parents=True, exist_ok=True)
     for stale in out.glob("*.tmp"): stale.unlink()                            # a shard or manifest cut short by a crash
-    code_type = pa.int16() if models.cfg.vqgan.n_codes <= 32767 else pa.int32()
-    columns = {"key": "string", "caption": "string", "encoding": f"fixed_size_list<{code_type}>[{models.cfg.vqgan.n_tokens}]",
-               **({"clip_score": "float32"} if clip_score else {})}
-    job = {"format": FORMAT, "source": src.describe(), "model": _model_info(models), "shard_size": shard_size, "columns": columns}
-    try: man = json.loads((out / MANIFEST).read_text()) if (out / MANIFEST).exists() else {**job, "created": _utcnow(), "shards": []}
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise EncodeError(f"{out / MANIFEST}: not a readable manifest ({e}); move it away to start afresh") from None
-    _compatible(man, job, out)
-    man["shards"] = [s for s in man["shards"] if _finished(out, s)]
+    job, code_type = _job(src, models, shard_size, clip_score)
+    man = _open_manifest(out, job)
     n_shards, done = math.ceil(n / shard_size), {s["index"] for s in man["shards"]}
     todo = [k for k in range(n_shards) if k not in done]
     man.setdefault("runs", []).append({"started": _utcnow(), "shards_done_before": len(done), "shards_to_encode": len(todo),
                                        **({"command": command} if command else {})})
-    def summarise(complete: bool):
-        man["shards"].sort(key=lambda s: s["index"])
-        man.update(rows=sum(s["rows"] for s in man["shards"]), skipped=dict(sum((Counter(s["skipped"]) for s in man["shards"]), Counter())),
-                   source_errors=list(src.errors), complete=complete, updated=_utcnow())
-        _write_json_atomic(out / MANIFEST, man)
-    summarise(not todo)
+    _summarise(out, man, src, not todo)
     if not todo: return man
     enc = ShardedEncoder(models, batch_size, clip_score, devices)
     remaining = sum(min(n, (k + 1) * shard_size) - k * shard_size for k in todo)
@@ -340,7 +363,7 @@ def encode_to_shards(source, out, models: Models, batch_size: int = 64, shard_si
             pq.write_table(_shard_table(rows, enc.n_tokens, code_type), out / (name + ".tmp"), compression="zstd")
             os.replace(out / (name + ".tmp"), out / name)
             man["shards"].append({"index": k, "file": name, "records": [a, b], "rows": len(rows["key"]), "skipped": skipped, "errors": errors})
-            summarise(len(man["shards"]) == n_shards)
+            _summarise(out, man, src, len(man["shards"]) == n_shards)
             bar.set_postfix(shards=f"{len(man['shards'])}/{n_shards}", skipped=sum(man["skipped"].values()))
     return man
 
@@ -356,10 +379,12 @@ def read_manifest(path) -> dict:
     return man
 
 def _footer(path: Path):
+    "A parquet file's metadata (rows, schema) from its footer; any failure is a `ShardError`."
     try: return pq.ParquetFile(path).metadata
     except FileNotFoundError: raise ShardError(f"{path}: no such shard") from None
     except (pa.ArrowException, OSError) as e: raise ShardError(f"{path}: not a readable parquet shard (truncated or corrupt: {e})") from None
 
+# %% ../nbs/14a_dataset.ipynb #687bd6c9
 def shard_files(path) -> list[tuple[Path, int]]:
     "`(file, rows)` of every shard of a dataset: a directory (with or without manifest), a parquet file, or a list of them."
     if isinstance(path, (list, tuple)): return [x for p in path for x in shard_files(p)]
@@ -421,17 +446,19 @@ class TokenLoader:
         self._plans, self._cache = OrderedDict(), OrderedDict()
         self._seek(step)
 
-    def _mask(self, f: Path, rows: int):
-        "Which rows of shard `f` pass the filters (None: all)."
-        if not self.clip_range and not self.where: return None
-        t = read_shard(f, columns=[*self.where, *(["clip_score"] if self.clip_range else [])])
-        keep = np.ones(rows, bool)
-        if self.clip_range:
-            s = t["clip_score"].to_numpy(zero_copy_only=False)
-            keep &= (s >= self.clip_range[0]) & (s <= self.clip_range[1])
-        for col, val in self.where.items():
-            keep &= pc.fill_null(pc.equal(t[col], pa.scalar(val)), False).to_numpy(zero_copy_only=False)
-        return keep
+# %% ../nbs/14a_dataset.ipynb #be5231b7
+@patch_to(TokenLoader)
+def _mask(self, f: Path, rows: int):
+    "Which rows of shard `f` pass the filters (None: all)."
+    if not self.clip_range and not self.where: return None
+    t = read_shard(f, columns=[*self.where, *(["clip_score"] if self.clip_range else [])])
+    keep = np.ones(rows, bool)
+    if self.clip_range:
+        s = t["clip_score"].to_numpy(zero_copy_only=False)
+        keep &= (s >= self.clip_range[0]) & (s <= self.clip_range[1])
+    for col, val in self.where.items():
+        keep &= pc.fill_null(pc.equal(t[col], pa.scalar(val)), False).to_numpy(zero_copy_only=False)
+    return keep
 
 # %% ../nbs/14a_dataset.ipynb #b54e1a59
 @patch_to(TokenLoader)
@@ -447,6 +474,15 @@ def _plan(self, epoch: int):
         while len(self._plans) > 2: self._plans.popitem(last=False)
     return self._plans[epoch]
 
+@patch_to(TokenLoader)
+def _seek(self, step: int):
+    "Point the reader at the first row of batch `step`: epoch by division, window by binary search."
+    epoch, off = divmod(step * self.local, self.rows_per_epoch)
+    cum = self._plan(epoch)[3]
+    w = int(np.searchsorted(cum, off, side="right") - 1)
+    self.step, self._epoch, self._w, self._pos, self._buf = step, epoch, w, int(off - cum[w]), None
+
+# %% ../nbs/14a_dataset.ipynb #dc75877d
 @patch_to(TokenLoader)
 def _shard(self, f: Path) -> dict:
     "The columns of one shard as numpy arrays (a few shards are kept in memory)."
@@ -474,14 +510,6 @@ def _window_rows(self, epoch: int, w: int) -> dict:
         for k, v in cols.items(): out[k][sel] = v[pos[sel] - starts[s]]
     return out or {}
 
-@patch_to(TokenLoader)
-def _seek(self, step: int):
-    "Point the reader at the first row of batch `step`: epoch by division, window by binary search."
-    epoch, off = divmod(step * self.local, self.rows_per_epoch)
-    cum = self._plan(epoch)[3]
-    w = int(np.searchsorted(cum, off, side="right") - 1)
-    self.step, self._epoch, self._w, self._pos, self._buf = step, epoch, w, int(off - cum[w]), None
-
 # %% ../nbs/14a_dataset.ipynb #d670e814
 @patch_to(TokenLoader)
 def __iter__(self): return self
@@ -507,6 +535,7 @@ def __next__(self) -> dict:
     self.step += 1
     return {"text": text, **rows}
 
+# %% ../nbs/14a_dataset.ipynb #2dd5cd83
 @patch_to(TokenLoader, cls_method=True)
 def on_mesh(cls, path, batch_size: int, mesh, text: TextEncoder, **kwargs) -> "TokenLoader":
     "A loader of `batch_size` rows in all, each process reading the rows its devices of `mesh` hold."

@@ -25,25 +25,47 @@ def hlo_nbytes(shape_text: str) -> int:
     "Bytes of the arrays a shape text names (a tuple: all of them; an unknown element type counts 4 bytes)."
     return sum(DTYPE_BYTES.get(t, 4) * math.prod(d) for t, d in hlo_shapes(shape_text))
 
-# %% ../nbs/12a_hlo.ipynb #f451aab2
+# %% ../nbs/12a_hlo.ipynb #b24360ab
 _INSTR = re.compile(r"^\s*(?:ROOT\s+)?(%?[\w.\-]+)\s*=\s*(.*?)\s([a-z][a-z0-9\-]*)\((.*)$")
 _HEADER = re.compile(r"^(?:ENTRY\s+)?(%?[\w.\-]+)\s*\((.*)\)\s*->.*\{\s*$")
 _CALLS = re.compile(r"(?:calls|to_apply|branch_computations|true_computation|false_computation)=(\{[^}]*\}|%?[\w.\-]+)")
+_SECTIONS = ("FileNames", "FunctionNames", "FileLocations", "StackFrames")
+
+def _section_line(section: str, line: str, funcs: dict, locs: dict, frames: dict):
+    "File one numbered line of a debug table: function names, file locations (→ function), stack frames (→ location, parent)."
+    i, rest = line.split(" ", 1)
+    if section == "FunctionNames": funcs[int(i)] = rest.strip('"')
+    elif section == "FileLocations": locs[int(i)] = int(re.search(r"function_name_id=(\d+)", rest)[1])
+    elif section == "StackFrames":
+        m = re.search(r"file_location_id=(\d+) parent_frame_id=(\d+)", rest)
+        frames[int(i)] = (int(m[1]), int(m[2]))
+
+def _stack_names(funcs: dict, locs: dict, frames: dict):
+    "A function: stack-frame id → the names of the functions on that stack, innermost first."
+    def stack(fid):
+        names, seen = [], set()
+        while fid in frames and fid not in seen:
+            seen.add(fid); loc, parent = frames[fid]
+            names.append(funcs.get(locs.get(loc), "?"))
+            if parent == fid: break
+            fid = parent
+        return names
+    return stack
+
+# %% ../nbs/12a_hlo.ipynb #ecb13864
+def _operand_shapes(comps: dict):
+    "Give every computation `shapes`: operand name → its shape text (instructions and parameters)."
+    for comp in comps.values():
+        comp["shapes"] = {n: s for n, s, op, rest in comp["instrs"]}
+        comp["shapes"].update(re.findall(r"([\w.\-]+):\s*([a-z0-9]+\[[0-9,]*\])", comp["params"]))
 
 def parse_hlo(text: str):
     "`(computations, entry, stack)` of an HLO module's text: name → {params, instrs: [(name, shape, op, rest)], shapes}, the entry's name, and stack-frame id → function names."
     comps, entry, cur = {}, None, None
-    funcs, locs, frames, section = {}, {}, {}, None
+    tables, section = ({}, {}, {}), None          # function names, file locations, stack frames
     for line in text.splitlines():
-        if line in ("FileNames", "FunctionNames", "FileLocations", "StackFrames"): section = line; continue
-        if section and re.match(r"^\d+ ", line):
-            i, rest = line.split(" ", 1)
-            if section == "FunctionNames": funcs[int(i)] = rest.strip('"')
-            elif section == "FileLocations": locs[int(i)] = int(re.search(r"function_name_id=(\d+)", rest)[1])
-            elif section == "StackFrames":
-                m = re.search(r"file_location_id=(\d+) parent_frame_id=(\d+)", rest)
-                frames[int(i)] = (int(m[1]), int(m[2]))
-            continue
+        if line in _SECTIONS: section = line; continue
+        if section and re.match(r"^\d+ ", line): _section_line(section, line, *tables); continue
         h = _HEADER.match(line)
         if h and not line.startswith(" "):
             section, cur = None, h[1].lstrip("%")
@@ -54,19 +76,10 @@ def parse_hlo(text: str):
         if cur is not None:
             m = _INSTR.match(line)
             if m: comps[cur]["instrs"].append((m[1].lstrip("%"), m[2], m[3], m[4]))
-    for comp in comps.values():                  # operand name → its shape text (instructions and parameters)
-        comp["shapes"] = {n: s for n, s, op, rest in comp["instrs"]}
-        comp["shapes"].update(re.findall(r"([\w.\-]+):\s*([a-z0-9]+\[[0-9,]*\])", comp["params"]))
-    def stack(fid):
-        names, seen = [], set()
-        while fid in frames and fid not in seen:
-            seen.add(fid); loc, parent = frames[fid]
-            names.append(funcs.get(locs.get(loc), "?"))
-            if parent == fid: break
-            fid = parent
-        return names
-    return comps, entry, stack
+    _operand_shapes(comps)
+    return comps, entry, _stack_names(*tables)
 
+# %% ../nbs/12a_hlo.ipynb #d5fe0107
 def _trip_count(comps: dict, cond: str, rest: str) -> tuple[int, bool]:
     "(trip count, exact?) of a while loop: XLA's known_trip_count, else the integer its condition compares the counter with."
     m = re.search(r'"known_trip_count":\{"n":"(\d+)"', rest)
@@ -83,6 +96,7 @@ def _trip_count(comps: dict, cond: str, rest: str) -> tuple[int, bool]:
     if not consts or not dirs: return 1, False
     return max(consts), len(dirs) == 1 and dirs[0] in ("LT", "GT", "NE")
 
+# %% ../nbs/12a_hlo.ipynb #8e6d606e
 def walk_hlo(module, visit, inexact_trips: int | None = None) -> list[tuple[str, int, bool]]:
     "Call `visit(computation, instruction, times)` for every instruction one run of `module` (`parse_hlo`'s result) reaches from its entry, `times` = how often it runs (loop bodies × trip counts; a loop that stops on convergence counts at its cap, or `inexact_trips`). Returns the loops met: `(body, trips, exact)`."
     comps, entry, _ = module
@@ -133,6 +147,7 @@ def _collective(ins, devices: int):
     nbytes = sum(DTYPE_BYTES.get(t, 4) * math.prod(d) for t, d in res)
     return kind, res, nbytes, (_group_size(rest, devices) if kind != "collective-permute" else 2)
 
+# %% ../nbs/12a_hlo.ipynb #6abb877a
 def collective_ops(text: str, devices: int = 1, inexact_trips: int | None = None) -> list[dict]:
     "Every collective one run of a compiled program (its HLO text) executes: `{'name', 'op', 'shapes', 'bytes', 'group', 'times'}` — result shapes and bytes per device, group size (`devices` when the op does not say), how often it runs (loops × trip counts)."
     out = []
@@ -184,6 +199,7 @@ def _flops(comp, ins) -> int:
     cd = re.search(r"lhs_contracting_dims=\{([0-9,]*)\}", rest)
     return 2 * (math.prod(out[0][1]) if out else 0) * (math.prod(lhs[0][1][int(i)] for i in cd[1].split(",") if i) if cd and lhs else 1)
 
+# %% ../nbs/12a_hlo.ipynb #b54b98cb
 _ROOT_FUNCS = ("refresh_roots", "inverse_pth_root", "_newton_root", "_mat_pow", "max_eigenvalue")  # dalle_nb.shampoo's refresh
 
 def hlo_profile(text: str, devices: int = 1, inexact_trips: int | None = None) -> dict:

@@ -6,7 +6,7 @@ Docs: https://dalle-nb.github.io/dalle_nb/shampoo.html.md"""
 
 # %% ../nbs/13a_shampoo.ipynb #420b2cd3
 from __future__ import annotations
-import itertools
+import dataclasses, itertools
 from functools import partial
 from typing import NamedTuple
 import numpy as np
@@ -15,6 +15,7 @@ from jax import lax
 import optax
 from flax import nnx, struct
 from flax.core import spmd as flax_spmd
+from fastcore.basics import patch
 from jax.sharding import NamedSharding, PartitionSpec as P
 from .config import StageConfig
 from .layers import logical_to_spec, constrain, abstract_module
@@ -81,6 +82,7 @@ def gram(g, axis: int, precision=None):
 PRECISIONS = {"highest": lax.Precision.HIGHEST, "high": lax.Precision.HIGH, "default": lax.Precision.DEFAULT}
 
 def _precision(p):
+    "A `lax.Precision` from its name (`'highest'`, `'high'`, `'default'`); anything else passes through."
     if isinstance(p, str):
         if p not in PRECISIONS: raise ValueError(f"unknown precision {p!r}; choose from {sorted(PRECISIONS)}")
         return PRECISIONS[p]
@@ -100,6 +102,7 @@ def max_eigenvalue(a, iters: int = 100, tol: float = 1e-6, precision="highest"):
     _, _, lam, _ = lax.while_loop(cond, body, (0, v0, jnp.zeros((), a.dtype), jnp.array(True)))
     return lam
 
+# %% ../nbs/13a_shampoo.ipynb #f8af542a
 def _mat_pow(m, p: int, mm):
     "m**p for a static integer p >= 1, by repeated squaring."
     out = None
@@ -110,6 +113,7 @@ def _mat_pow(m, p: int, mm):
     return out
 
 def _newton_root(a, p: int, ridge, iters, tol, mm):
+    "`(a + ridge·I)^(-1/p)` by the coupled Newton iteration, and its final error; retried with a 10× larger ridge (up to 6 times) while the error exceeds 0.05."
     n = a.shape[-1]
     eye = jnp.eye(n, dtype=a.dtype)
     alpha = -1.0 / p
@@ -135,6 +139,7 @@ def _newton_root(a, p: int, ridge, iters, tol, mm):
     _, h, err = lax.while_loop(cond, body, (0, eye, jnp.float32(jnp.inf)))
     return h, err
 
+# %% ../nbs/13a_shampoo.ipynb #ff66b98a
 def inverse_pth_root(a, p: int, *, ridge: float = 1e-6, relative: bool = True, iters: int = 100, tol: float = 1e-6,
                      precision="highest", method: str = "newton"):
     "`(a + ε I)^(-1/p)` for a symmetric PSD `a` (ε = `ridge`·λmax if `relative`), and the iteration's final error."
@@ -220,6 +225,7 @@ class ShampooState:
     layout: tuple = struct.field(pytree_node=False, default=())
     names: tuple = struct.field(pytree_node=False, default=())   # as seen by `init`; used when `update` gets bare arrays
 
+# %% ../nbs/13a_shampoo.ipynb #aa0ab2c1
 def _is_var(x): return isinstance(x, nnx.Variable)
 
 def _arrays_and_names(tree):
@@ -232,6 +238,7 @@ def _arrays_and_names(tree):
         else: out.append((x, None))
     return out
 
+# %% ../nbs/13a_shampoo.ipynb #a2d2814f
 def _precond_axes() -> tuple:
     "The mesh axes the `precond` axis maps to under the active mesh and rules (() without a mesh)."
     rules, mesh = flax_spmd.get_logical_axis_rules(), jax.sharding.get_abstract_mesh()
@@ -260,7 +267,143 @@ def _constrain_fit(x, axes):
 
 MATRIX_AXES = ("precond", None)   # a statistic's or root's rows are split over every device; `layers` goes in front when stacked
 
-# %% ../nbs/13a_shampoo.ipynb #a306ecc2
+# %% ../nbs/13a_shampoo.ipynb #c6fbe553
+@dataclasses.dataclass(frozen=True, eq=False)
+class _Shampoo:
+    "Distributed Shampoo's resolved hyper-parameters; its methods are the pieces of one update."
+    learning_rate: object            # a float or a schedule of the step count
+    b1: float
+    b2: float
+    diagonal_epsilon: float
+    matrix_epsilon: float
+    weight_decay: float
+    start_preconditioning_step: int
+    preconditioning_compute_steps: int
+    graft: str
+    nesterov: bool
+    w_mom: float                     # weight of the new direction in the momenta: 1 - b1 (moving average) or 1
+    inverse_failure_threshold: float
+    exponent_override: int
+    prec: object                     # lax.Precision of the root computations
+    sprec: object                    # ... of the statistics (None: JAX's default)
+    root_method: str
+    layout: tuple                    # make_plan's settings, as (name, value) pairs
+
+    @property
+    def keeps_diag(self) -> bool: return self.graft != "sgd"
+
+    def plans_of(self, tree, known=()):
+        "Each parameter's plan; names missing from `tree` (bare arrays, as `nnx.Optimizer.update` passes) come from `known`."
+        items = _arrays_and_names(tree)
+        if known and len(known) == len(items): items = [(x, n if n is not None else k) for (x, n), k in zip(items, known)]
+        return [make_plan(x.shape, names, **dict(self.layout)) for x, names in items]
+
+def _per_layer(plan, f):
+    "Map `f` over the leading layer axis of a stacked parameter, one layer after another (so one layer's whole roots at a time)."
+    return (lambda *args: lax.map(lambda a: f(*a), args)) if plan.layers else f
+
+# %% ../nbs/13a_shampoo.ipynb #ac4cb4da
+@patch
+def init(self: _Shampoo, params) -> ShampooState:
+    "The state for `params`: zero buffers, statistics ε·I, roots I."
+    out = []
+    for (x, _), plan in zip(_arrays_and_names(params), self.plans_of(params)):
+        lead = (plan.layers,) if plan.layers else ()
+        eye = lambda n, s: jnp.broadcast_to(s * jnp.eye(n, dtype=jnp.float32), lead + (n, n))
+        zeros = lambda: jnp.zeros(x.shape, jnp.float32)   # a new array per field: a train step donates each leaf once
+        out.append(ParamState(zeros() if self.keeps_diag else (), zeros(), zeros(),
+                              tuple(eye(n, self.matrix_epsilon) for n in plan.stat_sizes),
+                              tuple(eye(n, 1.0) for n in plan.stat_sizes)))
+    names = tuple(tuple(n) if n is not None else None for _, n in _arrays_and_names(params))
+    return ShampooState(jnp.zeros([], jnp.int32), tuple(out), self.layout, names)
+
+# %% ../nbs/13a_shampoo.ipynb #14a5f1cd
+@patch
+def refresh_roots(self: _Shampoo, states, plans):
+    """New preconditioners for every statistic. Same-size statistics are stacked (rows still split over the devices,
+    as they are stored), the stack is re-split by matrix (an all-to-all: each device receives whole matrices), each
+    device computes its share of roots, and the new roots go back to rows split over the devices: no device ever
+    holds more than its share."""
+    groups = {}
+    for i, (st, plan) in enumerate(zip(states, plans)):
+        p = self.exponent_override or plan.exponent
+        for k, s in enumerate(st.stats): groups.setdefault((s.shape[-1], p), []).append((i, k))
+    roots = [list(st.roots) for st in states]
+    rows = (None,) + MATRIX_AXES
+    for (n, p), members in groups.items():
+        mats = jnp.concatenate([_constrain_fit(states[i].stats[k].reshape(-1, n, n), rows) for i, k in members])
+        count, shards = mats.shape[0], _precond_shards()
+        pad = -count % shards
+        if pad: mats = jnp.concatenate([mats, jnp.broadcast_to(jnp.eye(n, dtype=mats.dtype), (pad, n, n))])
+        mats = constrain(mats, ("precond", None, None))          # whole matrices, `count / devices` on each
+        roots_of = jax.vmap(lambda m: inverse_pth_root(m, p, ridge=self.matrix_epsilon, precision=self.prec, method=self.root_method))
+        new, err = _on_each_device(roots_of, mats)
+        new = _constrain_fit(new, rows)                          # back to split rows: never gathered
+        at = 0
+        for i, k in members:
+            old = states[i].roots[k]
+            m = old.reshape(-1, n, n).shape[0]
+            r, e = new[at:at + m], err[at:at + m]; at += m
+            ok = ~(jnp.isnan(e) | (e >= self.inverse_failure_threshold))
+            r = jnp.where(ok[:, None, None], r, old.reshape(-1, n, n)).reshape(old.shape)
+            roots[i][k] = _constrain_fit(r, ("layers",) * (r.ndim - 2) + MATRIX_AXES)
+    return [tuple(r) for r in roots]
+
+# %% ../nbs/13a_shampoo.ipynb #21bb5b4c
+@patch
+def direction(self: _Shampoo, g, x, diag, mom, gmom, roots, plan, count):
+    "One layer: (update direction before -lr, new diag, new momentum, new graft momentum)."
+    if self.graft == "sgd": graft_step, new_diag = g, diag
+    else:
+        sg = g / (jnp.linalg.norm(g) + 1e-25) if self.graft.endswith("_normalized") else g
+        if self.graft.startswith("adagrad"): new_diag = diag + jnp.square(sg)
+        else: new_diag = self.b2 * diag + (1.0 if self.b2 == 1.0 else 1.0 - self.b2) * jnp.square(sg)
+        graft_step = sg / (jnp.sqrt(new_diag) + self.diagonal_epsilon)
+    roots = tuple(_constrain_fit(r, (None, None)) for r in roots)     # this layer's roots, whole, for this contraction only
+    pg = precondition(g, roots, plan) if plan.precondition else graft_step
+    shampoo_step = pg * (jnp.linalg.norm(graft_step) / (jnp.linalg.norm(pg) + 1e-25))
+    if self.weight_decay:
+        shampoo_step, graft_step = shampoo_step + self.weight_decay * x, graft_step + self.weight_decay * x
+    new_mom = self.b1 * mom + self.w_mom * shampoo_step
+    new_gmom = self.b1 * gmom + self.w_mom * graft_step
+    on = count >= self.start_preconditioning_step
+    m, step = jnp.where(on, new_mom, new_gmom), jnp.where(on, shampoo_step, graft_step)
+    if self.nesterov: m = self.w_mom * step + self.b1 * m
+    return m, new_diag, new_mom, new_gmom
+
+# %% ../nbs/13a_shampoo.ipynb #59a16601
+@patch
+def update(self: _Shampoo, grads, state: ShampooState, params=None):
+    "optax's `update`: `(updates, new state)` for `grads` (names from `params`, else those `init` saw)."
+    src = grads if params is None else params
+    plans = self.plans_of(src, state.names)
+    gs = [jnp.asarray(g, jnp.float32) for g, _ in _arrays_and_names(grads)]
+    xs = [x for x, _ in _arrays_and_names(src)]
+    if len(gs) != len(state.params): raise ValueError(f"distributed_shampoo: {len(gs)} gradients for a state of {len(state.params)} parameters")
+    count = state.count
+    lr = self.learning_rate(count) if callable(self.learning_rate) else self.learning_rate
+    states = []                                                              # 1. statistics
+    for g, st, plan in zip(gs, state.params, plans):
+        stats = _per_layer(plan, lambda s, g, plan=plan: new_statistics(s, g, plan, self.b2, self.sprec))(st.stats, g) if st.stats else ()
+        lead = ("layers",) if plan.layers else ()
+        states.append(st._replace(stats=tuple(_constrain_fit(x, lead + MATRIX_AXES) for x in stats)))
+    old = [st.roots for st in states]                                        # 2. preconditioners, every N steps
+    if any(st.stats for st in states):
+        fresh = lambda: self.refresh_roots(states, plans)
+        roots = fresh() if self.preconditioning_compute_steps == 1 else \
+            lax.cond(count % self.preconditioning_compute_steps == 0, fresh, lambda: old)
+    else: roots = old
+    updates, new = [], []                                                    # 3. directions
+    for g, x, st, r, plan in zip(gs, xs, states, roots, plans):
+        diag = st.diag if self.keeps_diag else None
+        f = _per_layer(plan, lambda g, x, d, m, gm, r, plan=plan: self.direction(g, x, d, m, gm, r, plan, count))
+        d, nd, nm, ngm = f(g, x, diag, st.momentum, st.graft_momentum, tuple(r))
+        updates.append((-lr * d).astype(g.dtype))
+        new.append(ParamState(nd if self.keeps_diag else (), nm, ngm, st.stats, tuple(r)))
+    out = jax.tree.unflatten(jax.tree.structure(grads), updates)
+    return out, ShampooState(count + 1, tuple(new), self.layout, state.names)
+
+# %% ../nbs/13a_shampoo.ipynb #9671e7d9
 def distributed_shampoo(learning_rate, block_size: int = 2048, *, b1: float = 0.9, b2: float = 0.999,
                         diagonal_epsilon: float = 1e-10, matrix_epsilon: float = 1e-6, weight_decay: float = 0.0,
                         start_preconditioning_step: int = 5, preconditioning_compute_steps: int = 1,
@@ -275,116 +418,12 @@ def distributed_shampoo(learning_rate, block_size: int = 2048, *, b1: float = 0.
     if graft not in GRAFTS: raise ValueError(f"distributed_shampoo: graft must be one of {GRAFTS}, got {graft!r}")
     if preconditioning_compute_steps < 1: raise ValueError("distributed_shampoo: preconditioning_compute_steps must be >= 1")
     prec, sprec = _precision(precision), _precision(stats_precision) if stats_precision is not None else None
-    keeps_diag = graft != "sgd"
-    w_mom = 1.0 - b1 if moving_average_for_momentum else 1.0
-
     layout = (("block_size", block_size), ("merge_max", merge_small_dims_block_size), ("skip_dim_gt", skip_preconditioning_dim_size_gt),
               ("skip_rank_lt", skip_preconditioning_rank_lt), ("merge", merge_small_dims))
-    def plans_of(tree, known=()):
-        "Each parameter's plan; names missing from `tree` (bare arrays, as `nnx.Optimizer.update` passes) come from `known`."
-        items = _arrays_and_names(tree)
-        if known and len(known) == len(items): items = [(x, n if n is not None else k) for (x, n), k in zip(items, known)]
-        return [make_plan(x.shape, names, **dict(layout)) for x, names in items]
-
-    def per_layer(plan, f):
-        "Map `f` over the leading layer axis of a stacked parameter, one layer after another (so one layer's whole roots at a time)."
-        return (lambda *args: lax.map(lambda a: f(*a), args)) if plan.layers else f
-
-    def init(params):
-        out = []
-        for (x, _), plan in zip(_arrays_and_names(params), plans_of(params)):
-            lead = (plan.layers,) if plan.layers else ()
-            eye = lambda n, s: jnp.broadcast_to(s * jnp.eye(n, dtype=jnp.float32), lead + (n, n))
-            zeros = lambda: jnp.zeros(x.shape, jnp.float32)   # a new array per field: a train step donates each leaf once
-            out.append(ParamState(zeros() if keeps_diag else (), zeros(), zeros(),
-                                  tuple(eye(n, matrix_epsilon) for n in plan.stat_sizes),
-                                  tuple(eye(n, 1.0) for n in plan.stat_sizes)))
-        names = tuple(tuple(n) if n is not None else None for _, n in _arrays_and_names(params))
-        return ShampooState(jnp.zeros([], jnp.int32), tuple(out), layout, names)
-
-    def refresh_roots(states, plans):
-        """New preconditioners for every statistic. Same-size statistics are stacked (rows still split over the devices,
-        as they are stored), the stack is re-split by matrix (an all-to-all: each device receives whole matrices), each
-        device computes its share of roots, and the new roots go back to rows split over the devices: no device ever
-        holds more than its share."""
-        groups = {}
-        for i, (st, plan) in enumerate(zip(states, plans)):
-            p = exponent_override or plan.exponent
-            for k, s in enumerate(st.stats): groups.setdefault((s.shape[-1], p), []).append((i, k))
-        roots = [list(st.roots) for st in states]
-        rows = (None,) + MATRIX_AXES
-        for (n, p), members in groups.items():
-            mats = jnp.concatenate([_constrain_fit(states[i].stats[k].reshape(-1, n, n), rows) for i, k in members])
-            count, shards = mats.shape[0], _precond_shards()
-            pad = -count % shards
-            if pad: mats = jnp.concatenate([mats, jnp.broadcast_to(jnp.eye(n, dtype=mats.dtype), (pad, n, n))])
-            mats = constrain(mats, ("precond", None, None))          # whole matrices, `count / devices` on each
-            roots_of = jax.vmap(lambda m: inverse_pth_root(m, p, ridge=matrix_epsilon, precision=prec, method=root_method))
-            new, err = _on_each_device(roots_of, mats)
-            new = _constrain_fit(new, rows)                          # back to split rows: never gathered
-            at = 0
-            for i, k in members:
-                old = states[i].roots[k]
-                m = old.reshape(-1, n, n).shape[0]
-                r, e = new[at:at + m], err[at:at + m]; at += m
-                ok = ~(jnp.isnan(e) | (e >= inverse_failure_threshold))
-                r = jnp.where(ok[:, None, None], r, old.reshape(-1, n, n)).reshape(old.shape)
-                roots[i][k] = _constrain_fit(r, ("layers",) * (r.ndim - 2) + MATRIX_AXES)
-        return [tuple(r) for r in roots]
-
-    def direction(g, x, diag, mom, gmom, roots, plan, count):
-        "One layer: (update direction before -lr, new diag, new momentum, new graft momentum)."
-        if graft == "sgd": graft_step, new_diag = g, diag
-        else:
-            sg = g / (jnp.linalg.norm(g) + 1e-25) if graft.endswith("_normalized") else g
-            if graft.startswith("adagrad"): new_diag = diag + jnp.square(sg)
-            else: new_diag = b2 * diag + (1.0 if b2 == 1.0 else 1.0 - b2) * jnp.square(sg)
-            graft_step = sg / (jnp.sqrt(new_diag) + diagonal_epsilon)
-        roots = tuple(_constrain_fit(r, (None, None)) for r in roots)     # this layer's roots, whole, for this contraction only
-        pg = precondition(g, roots, plan) if plan.precondition else graft_step
-        shampoo_step = pg * (jnp.linalg.norm(graft_step) / (jnp.linalg.norm(pg) + 1e-25))
-        if weight_decay:
-            shampoo_step, graft_step = shampoo_step + weight_decay * x, graft_step + weight_decay * x
-        new_mom = b1 * mom + w_mom * shampoo_step
-        new_gmom = b1 * gmom + w_mom * graft_step
-        on = count >= start_preconditioning_step
-        m, step = jnp.where(on, new_mom, new_gmom), jnp.where(on, shampoo_step, graft_step)
-        if nesterov: m = w_mom * step + b1 * m
-        return m, new_diag, new_mom, new_gmom
-
-    def update(grads, state, params=None):
-        src = grads if params is None else params
-        plans = plans_of(src, state.names)
-        gs = [jnp.asarray(g, jnp.float32) for g, _ in _arrays_and_names(grads)]
-        xs = [x for x, _ in _arrays_and_names(src)]
-        if len(gs) != len(state.params): raise ValueError(f"distributed_shampoo: {len(gs)} gradients for a state of {len(state.params)} parameters")
-        count = state.count
-        lr = learning_rate(count) if callable(learning_rate) else learning_rate
-        # 1. statistics
-        states = []
-        for g, st, plan in zip(gs, state.params, plans):
-            stats = per_layer(plan, lambda s, g, plan=plan: new_statistics(s, g, plan, b2, sprec))(st.stats, g) if st.stats else ()
-            lead = ("layers",) if plan.layers else ()
-            states.append(st._replace(stats=tuple(_constrain_fit(x, lead + MATRIX_AXES) for x in stats)))
-        # 2. preconditioners, every `preconditioning_compute_steps` steps
-        old = [st.roots for st in states]
-        if any(st.stats for st in states):
-            fresh = lambda: refresh_roots(states, plans)
-            roots = fresh() if preconditioning_compute_steps == 1 else \
-                lax.cond(count % preconditioning_compute_steps == 0, fresh, lambda: old)
-        else: roots = old
-        # 3. directions
-        updates, new = [], []
-        for g, x, st, r, plan in zip(gs, xs, states, roots, plans):
-            diag = st.diag if keeps_diag else None
-            f = per_layer(plan, lambda g, x, d, m, gm, r, plan=plan: direction(g, x, d, m, gm, r, plan, count))
-            d, nd, nm, ngm = f(g, x, diag, st.momentum, st.graft_momentum, tuple(r))
-            updates.append((-lr * d).astype(g.dtype))
-            new.append(ParamState(nd if keeps_diag else (), nm, ngm, st.stats, tuple(r)))
-        out = jax.tree.unflatten(jax.tree.structure(grads), updates)
-        return out, ShampooState(count + 1, tuple(new), layout, state.names)
-
-    return optax.GradientTransformation(init, update)
+    h = _Shampoo(learning_rate, b1, b2, diagonal_epsilon, matrix_epsilon, weight_decay, start_preconditioning_step,
+                 preconditioning_compute_steps, graft, nesterov, 1.0 - b1 if moving_average_for_momentum else 1.0,
+                 inverse_failure_threshold, exponent_override, prec, sprec, root_method, layout)
+    return optax.GradientTransformation(h.init, h.update)
 
 # %% ../nbs/13a_shampoo.ipynb #f90cbe59
 def shampoo_state_axes(state: ShampooState, params) -> list[tuple]:
@@ -398,6 +437,7 @@ def shampoo_state_axes(state: ShampooState, params) -> list[tuple]:
         out += ([names] if not isinstance(st.diag, tuple) else []) + [names, names] + mats + mats
     return out
 
+# %% ../nbs/13a_shampoo.ipynb #6ab5ec4c
 DATA_AXES = ("dp", "fsdp")
 
 def spread_spec(spec: P, shape, mesh, axes=DATA_AXES) -> P:
@@ -410,6 +450,7 @@ def spread_spec(spec: P, shape, mesh, axes=DATA_AXES) -> P:
             if shape[i] % (int(np.prod([mesh.shape[b] for b in d])) * mesh.shape[a]) == 0: dims[i] = d + (a,); break
     return P(*(None if not d else d[0] if len(d) == 1 else d for d in dims))
 
+# %% ../nbs/13a_shampoo.ipynb #2b0734df
 def opt_state_shardings(opt_state, params, mesh, rules=RULES):
     """`NamedSharding`s for an optax state (abstract or concrete) that contains a `ShampooState`: statistics and roots
     with their rows split over every device; parameter-shaped buffers as their parameter and, in addition, split
@@ -427,6 +468,7 @@ def opt_state_shardings(opt_state, params, mesh, rules=RULES):
         return NamedSharding(mesh, P())
     return jax.tree.map(one, opt_state, is_leaf=lambda x: isinstance(x, ShampooState))
 
+# %% ../nbs/13a_shampoo.ipynb #afb52b03
 def shampoo_from_config(cfg: StageConfig, lr) -> optax.GradientTransformation:
     "The `StageConfig`'s Shampoo (DALL·E Mega's fixed choices: ε's, momentum as a moving average, no weight decay unless set)."
     return distributed_shampoo(lr, cfg.shampoo_block, b1=cfg.b1, b2=cfg.b2, weight_decay=cfg.weight_decay,
