@@ -80,6 +80,8 @@ def main():
     ap.add_argument("--shampoo-no-1d", default=None, metavar="LAYOUT", help="only: compile Mega with Shampoo that does not precondition 1-D parameters")
     ap.add_argument("--shampoo-state", action="store_true", help="only: Shampoo's state per core on both layouts (no compile)")
     a = ap.parse_args()
+    out = Path(a.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
     if a.shampoo_no_1d:                     # in-process: a custom optimizer is not a `dalle-nb pod fit` flag
         os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
         from dalle_nb.config import get_config
@@ -89,21 +91,19 @@ def main():
         t0 = time.time()
         rep = fit_check(cfg, "v3:8x16", layout, per_replica=44, accum=3, layers=a.layers, tx=shampoo_variants(cfg)["Shampoo, 1-D parameters grafted only"])
         print(rep.table(), flush=True)
-        results = {r["name"]: r for r in json.loads(OUT.read_text())} if OUT.exists() else {}
+        results = {r["name"]: r for r in json.loads(out.read_text())} if out.exists() else {}
         name = f"{'fsdp' if 'fsdp' in layout else 'journal'}-shampoo-1d-grafted"
         results[name] = {**rep.to_json(), "name": name, "flags": ["(in-process) Shampoo with skip_preconditioning_rank_lt=2", "--mesh", layout],
                          "wall_seconds": round(time.time() - t0, 1), "date": time.strftime("%Y-%m-%d"),
                          "command": f"python bench/fit_check.py --shampoo-no-1d {layout}"}
-        OUT.write_text(json.dumps(list(results.values()), indent=1))
+        out.write_text(json.dumps(list(results.values()), indent=1))
         return
     if a.shampoo_state:
         os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
         rows = shampoo_state()
-        (OUT.parent / "shampoo_state.json").write_text(json.dumps(rows, indent=1))
+        (out.parent / "shampoo_state.json").write_text(json.dumps(rows, indent=1))
         return
     exe = shutil.which("dalle-nb") or str(Path(sys.executable).with_name("dalle-nb"))
-    out = Path(a.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
     results = {r["name"]: r for r in json.loads(out.read_text())} if out.exists() else {}
     env = {**os.environ, "JAX_PLATFORMS": "cpu", "ALLOW_MULTIPLE_LIBTPU_LOAD": "1", "TF_CPP_MIN_LOG_LEVEL": "3"}
     for name in a.only or list(CONFIGS):

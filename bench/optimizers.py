@@ -21,6 +21,9 @@ def main(argv=None):
     p.add_argument("--n-train", type=int, default=20_000)
     p.add_argument("--adam-lrs", default="1e-3,2e-3,4e-3")
     p.add_argument("--shampoo-lrs", default="1e-3,2e-3,4e-3")
+    p.add_argument("--n-val", type=int, default=256, help="validation pairs")
+    p.add_argument("--set", action="append", default=[], metavar="bart.FIELD=VALUE",
+                   help="override the BART's sizes (e.g. bart.d_model=32: smoke tests); its vocabularies stay the model's")
     p.add_argument("--eval-every", type=int, default=50)
     p.add_argument("--model", default=None, help="model directory whose VQGAN and tokenizer make the data (default: shipped)")
     p.add_argument("--out", default="bench/results/optimizers")
@@ -33,7 +36,7 @@ def main(argv=None):
 
     import jax, jax.numpy as jnp
     from flax import nnx
-    from dalle_nb.config import StageConfig, get_config
+    from dalle_nb.config import StageConfig, get_config, override
     from dalle_nb.modeldir import load_models
     from dalle_nb.shapes import make_split
     from dalle_nb.train import make_train_step
@@ -45,9 +48,10 @@ def main(argv=None):
 
     out.mkdir(parents=True, exist_ok=True)
     m = load_models(a.model)
-    cfg = m.cfg
+    if bad := [x for x in a.set if not x.startswith("bart.")]: p.error(f"--set: only bart.FIELD=VALUE overrides, got {bad}")
+    cfg = override(m.cfg, a.set)
     images, captions = make_split("train", a.n_train, cfg.data.seed)
-    val_images, val_captions = make_split("val", 256, cfg.data.seed)
+    val_images, val_captions = make_split("val", a.n_val, cfg.data.seed)
     data = {"text": m.text(captions), "image": encode_dataset(m.vqgan, images, out / f"tokens_{a.n_train}.npy", True)}
     val = {"text": jnp.asarray(m.text(val_captions)), "image": jnp.asarray(encode_dataset(m.vqgan, val_images, None, False))}
     evaluate = nnx.jit(lambda mod: bart_loss(mod, val["text"], val["image"])[0])

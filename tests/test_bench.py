@@ -55,14 +55,15 @@ def test_data_runs(tmp_path):
 
 
 def test_dvae_runs(tmp_path):
-    run("dvae", "--steps", 2, "--n-val", 16, "--workdir", tmp_path / "work", "--out", tmp_path / "out")
+    run("dvae", "--steps", 2, "--n-val", 16, "--set", "data.n_train=64", "--workdir", tmp_path / "work", "--out", tmp_path / "out")
     res = json.loads((tmp_path / "out" / "dvae.json").read_text())
     assert len(res["rows"]) == 2 and (tmp_path / "out" / "dvae.md").exists()
 
 
 def test_optimizers_runs(tmp_path):
-    run("optimizers", "--steps", 2, "--batch", 8, "--n-train", 64, "--adam-lrs", "1e-3", "--shampoo-lrs", "1e-3",
-        "--eval-every", 1, "--out", tmp_path)
+    run("optimizers", "--steps", 2, "--batch", 8, "--n-train", 64, "--n-val", 16, "--adam-lrs", "1e-3", "--shampoo-lrs", "1e-3",
+        "--eval-every", 1, "--out", tmp_path, *(x for v in ("d_model=32", "glu_dim=32", "heads=2", "encoder_layers=1", "decoder_layers=1")
+                                                for x in ("--set", f"bart.{v}")))
     res = json.loads((tmp_path / "optimizers.json").read_text())
     assert res and (tmp_path / "optimizers.png").exists() and (tmp_path / "optimizers.md").exists()
 
@@ -77,3 +78,15 @@ def test_paper_techniques_runs(tmp_path):
     assert all(r["train_loss"] > 0 and r["step_s"] > 0 for r in res["powersgd"])
     assert [r["per_block"] for r in res["fp16"]] == [False, True] and all(0 <= r["frozen_fraction"] <= 1 for r in res["fp16"])
     assert res["fp16"][1]["overflowed_blocks_mean"] is not None and (tmp_path / "paper_techniques.png").stat().st_size > 0
+
+
+@pytest.mark.tpu
+@pytest.mark.skipif(not __import__("dalle_nb.fitcheck").fitcheck.libtpu_available(), reason="libtpu is not installed (pip install -e '.[tpu]')")
+def test_fit_check_runs(tmp_path):
+    "bench/fit_check.py's Shampoo-state table for Mega on a v3-256 (shardings only; the compile path is tests/test_fitcheck.py's)."
+    run("fit_check", "--shampoo-state", "--out", tmp_path / "fit_check.json")
+    rows = json.loads((tmp_path / "shampoo_state.json").read_text())
+    assert {r["layout"] for r in rows} == {"dp=32,mp=8", "fsdp=32,mp=8"} and len(rows) == 4
+    assert all(0 < r["opt_gib"] < 16 and r["params_gib"] > 0 for r in rows)
+    by = {(r["layout"], r["optimizer"]): r for r in rows}
+    assert by["fsdp=32,mp=8", "Shampoo (preset)"]["params_gib"] < by["dp=32,mp=8", "Shampoo (preset)"]["params_gib"] / 8   # fsdp splits them 32 ways
