@@ -14,10 +14,11 @@ import optax
 from flax import nnx
 from .config import BartConfig
 from .layers import Linear, Embed, Norm, constrain, dtype_of, gelu, shapes_only, abstract_module
+from fastcore.basics import patch
 
 # %% auto #0
 __all__ = ['attend', 'attend_cached', 'Attention', 'GLU', 'EncoderLayer', 'DecoderLayer', 'LayerStack', 'Encoder', 'text_mask',
-           'KVCache', 'Decoder', 'shift_right', 'DalleBart', 'bart_loss', 'unstack_params', 'param_counts']
+           'Decoder', 'shift_right', 'DalleBart', 'bart_loss', 'KVCache', 'unstack_params', 'param_counts']
 
 # %% ../nbs/06_bart.ipynb #6465c90f
 def attend(q, k, v, mask):
@@ -137,21 +138,23 @@ class DecoderLayer(nnx.Module):
         "This layer's cross-attention keys/values of the encoder states (computed once per caption)."
         return enc, self.encoder_attn.kv(enc)
 
-    def step(self, x, pos, text_mask, k_c, v_c, layer, cross_k, cross_v):
-        "One new position `pos` (`x` is `[B, 1, d]`): write its key/value into the cache, attend to positions ≤ pos.\n\n"
-        "The caches are this layer's `[B, heads, head_dim, T]` (`layer=None`) or row `layer` of whole-depth ones\n\n"
-        "`[L, B, heads, head_dim, T]`; either way written in place (only the new column moves)."
-        mine = (lambda a: a) if layer is None else (lambda a: a[layer])
-        def attn(h):
-            k, v = (a.transpose(0, 2, 3, 1) for a in self.self_attn.kv(h))           # [B, H, D, 1]
-            nonlocal k_c, v_c
-            at, k, v = ((0, 0, 0, pos), k, v) if layer is None else ((layer, 0, 0, 0, pos), k[None], v[None])
-            k_c = jax.lax.dynamic_update_slice(k_c, k.astype(k_c.dtype), at)
-            v_c = jax.lax.dynamic_update_slice(v_c, v.astype(v_c.dtype), at)
-            seen = jnp.arange(k_c.shape[-1]) <= pos
-            return self.self_attn(h, mine(k_c), mine(v_c), seen, cached=True)
-        x = _residual(x, attn, self.pre_self_attn_layer_norm, self.self_attn_layer_norm, self.postln)
-        return self._finish(x, cross_k, cross_v, text_mask, cached=True), k_c, v_c
+# %% ../nbs/06_bart.ipynb #0194a724
+@patch
+def step(self: DecoderLayer, x, pos, text_mask, k_c, v_c, layer, cross_k, cross_v):
+    "One new position `pos` (`x` is `[B, 1, d]`): write its key/value into the cache, attend to positions ≤ pos.\n\n"
+    "The caches are this layer's `[B, heads, head_dim, T]` (`layer=None`) or row `layer` of whole-depth ones\n\n"
+    "`[L, B, heads, head_dim, T]`; either way written in place (only the new column moves)."
+    mine = (lambda a: a) if layer is None else (lambda a: a[layer])
+    def attn(h):
+        k, v = (a.transpose(0, 2, 3, 1) for a in self.self_attn.kv(h))           # [B, H, D, 1]
+        nonlocal k_c, v_c
+        at, k, v = ((0, 0, 0, pos), k, v) if layer is None else ((layer, 0, 0, 0, pos), k[None], v[None])
+        k_c = jax.lax.dynamic_update_slice(k_c, k.astype(k_c.dtype), at)
+        v_c = jax.lax.dynamic_update_slice(v_c, v.astype(v_c.dtype), at)
+        seen = jnp.arange(k_c.shape[-1]) <= pos
+        return self.self_attn(h, mine(k_c), mine(v_c), seen, cached=True)
+    x = _residual(x, attn, self.pre_self_attn_layer_norm, self.self_attn_layer_norm, self.postln)
+    return self._finish(x, cross_k, cross_v, text_mask, cached=True), k_c, v_c
 
 # %% ../nbs/06_bart.ipynb #12821b56
 class LayerStack(nnx.Module):
@@ -168,6 +171,7 @@ class LayerStack(nnx.Module):
             self.layers = nnx.List([make(rngs) for _ in range(n)])
 
     def __call__(self, x, *args, xs=(), method: str = "__call__"):
+        "`method(x, *args, *xs[i]) -> (x, y)` through every layer `i`; returns `x` and the `y`s stacked."
         def run(graphdef, state, x, xs_l):
             return getattr(nnx.merge(graphdef, state), method)(x, *args, *xs_l)
         if self.remat == "full": run = jax.checkpoint(run, static_argnums=(0,))
@@ -181,22 +185,24 @@ class LayerStack(nnx.Module):
             ys.append(y)
         return x, jax.tree.map(lambda *a: jnp.stack(a), *ys) if ys and ys[0] is not None else None
 
-    def carry(self, x, carried: tuple, *args, xs=(), method: str = "step"):
-        "`method(x, *args, *carried, i, *xs[i]) -> (x, *carried)` through every layer `i`, updating `carried` in place.\n\n"
-        "Scanned: `carried` are whole-depth arrays (the KV caches) that each layer writes its row of; as a list: tuples\n\n"
-        "of per-layer arrays, `method` called with `i=None` on layer i's own (no slicing: a slice would be a copy)."
-        def run(graphdef, state, x, carried, i, xs_l):
-            x, *carried = getattr(nnx.merge(graphdef, state), method)(x, *args, *carried, i, *xs_l)
-            return x, tuple(carried)
-        if self.scan:
-            graphdef, state = nnx.split(self.layers)
-            body = lambda c, s: (run(graphdef, s[0], *c, s[1], s[2]), None)
-            return jax.lax.scan(body, (x, tuple(carried)), (state, jnp.arange(self.n), tuple(xs)))[0]
-        carried = [list(c) for c in carried]
-        for i, layer in enumerate(self.layers):
-            x, mine = run(*nnx.split(layer), x, tuple(c[i] for c in carried), None, tuple(a[i] for a in xs))
-            for c, m in zip(carried, mine): c[i] = m
-        return x, tuple(tuple(c) for c in carried)
+# %% ../nbs/06_bart.ipynb #60b3e94e
+@patch
+def carry(self: LayerStack, x, carried: tuple, *args, xs=(), method: str = "step"):
+    "`method(x, *args, *carried, i, *xs[i]) -> (x, *carried)` through every layer `i`, updating `carried` in place.\n\n"
+    "Scanned: `carried` are whole-depth arrays (the KV caches) that each layer writes its row of; as a list: tuples\n\n"
+    "of per-layer arrays, `method` called with `i=None` on layer i's own (no slicing: a slice would be a copy)."
+    def run(graphdef, state, x, carried, i, xs_l):
+        x, *carried = getattr(nnx.merge(graphdef, state), method)(x, *args, *carried, i, *xs_l)
+        return x, tuple(carried)
+    if self.scan:
+        graphdef, state = nnx.split(self.layers)
+        body = lambda c, s: (run(graphdef, s[0], *c, s[1], s[2]), None)
+        return jax.lax.scan(body, (x, tuple(carried)), (state, jnp.arange(self.n), tuple(xs)))[0]
+    carried = [list(c) for c in carried]
+    for i, layer in enumerate(self.layers):
+        x, mine = run(*nnx.split(layer), x, tuple(c[i] for c in carried), None, tuple(a[i] for a in xs))
+        for c, m in zip(carried, mine): c[i] = m
+    return x, tuple(tuple(c) for c in carried)
 
 # %% ../nbs/06_bart.ipynb #f7048ccf
 class Encoder(nnx.Module):
@@ -224,13 +230,6 @@ def text_mask(text_ids, pad_id: int = 1):
     return (text_ids != pad_id)[:, None, None, :]
 
 # %% ../nbs/06_bart.ipynb #95cf9535
-class KVCache(NamedTuple):
-    "Per-layer self-attention keys/values written as tokens are generated, and the cross-attention ones of the text."
-    k: jax.Array         # [layers, B, heads, head_dim, image_len]: `attend_cached`'s layout (a tuple per layer, unscanned)
-    v: jax.Array
-    cross_k: jax.Array   # [layers, B, heads, head_dim, S]
-    cross_v: jax.Array
-
 class Decoder(nnx.Module):
     "Image ids (shifted right, BOS first) + encoder states → logits over `image_vocab + 1` ids."
     def __init__(self, cfg: BartConfig, *, rngs: nnx.Rngs):
@@ -261,21 +260,6 @@ class Decoder(nnx.Module):
         x, _ = self.layers(self._embed(image_ids_in, jnp.arange(T)), enc, text_mask, causal)
         return self._logits(x)
 
-    def init_cache(self, enc, text_mask, dtype=None) -> KVCache:
-        "An empty self-attention cache and the text's cross-attention keys/values, for sampling."
-        _, (ck, cv) = self.layers(enc, text_mask, method="cross_kv")
-        dtype = dtype or dtype_of(self.cfg.dtype)
-        shape = (self.cfg.decoder_layers, enc.shape[0], self.cfg.heads, self.cfg.head_dim, self.cfg.image_len)
-        hdt = lambda a: a.transpose(0, 1, 3, 4, 2).astype(dtype)                   # [L, B, S, H, D] → [L, B, H, D, S]
-        per = (lambda a: a) if self.cfg.scan_layers else (lambda a: tuple(a[i] for i in range(shape[0])))
-        return KVCache(per(jnp.zeros(shape, dtype)), per(jnp.zeros(shape, dtype)), per(hdt(ck)), per(hdt(cv)))
-
-    def step(self, tokens, pos, cache: KVCache, text_mask):
-        "Logits `[B, image_vocab + 1]` for position `pos + 1` given token `tokens` `[B]` at `pos`; updated cache."
-        x = self._embed(tokens[:, None], jnp.reshape(pos, (1,)))
-        x, (k, v) = self.layers.carry(x, (cache.k, cache.v), pos, text_mask, xs=(cache.cross_k, cache.cross_v))
-        return self._logits(x)[:, 0], cache._replace(k=k, v=v)
-
 # %% ../nbs/06_bart.ipynb #4ccd1f4d
 def shift_right(image_ids, bos_id: int):
     "Prepend `bos_id` and drop the last token: the decoder's input for teacher forcing."
@@ -300,6 +284,31 @@ def bart_loss(model: DalleBart, text_ids, image_ids):
     loss = optax.softmax_cross_entropy_with_integer_labels(logits, image_ids).mean()
     acc = (logits.argmax(-1) == image_ids).mean()
     return loss, {"loss": loss, "accuracy": acc}
+
+# %% ../nbs/06_bart.ipynb #5cf33de4
+class KVCache(NamedTuple):
+    "Per-layer self-attention keys/values written as tokens are generated, and the cross-attention ones of the text."
+    k: jax.Array         # [layers, B, heads, head_dim, image_len]: `attend_cached`'s layout (a tuple per layer, unscanned)
+    v: jax.Array
+    cross_k: jax.Array   # [layers, B, heads, head_dim, S]
+    cross_v: jax.Array
+
+@patch
+def init_cache(self: Decoder, enc, text_mask, dtype=None) -> KVCache:
+    "An empty self-attention cache and the text's cross-attention keys/values, for sampling."
+    _, (ck, cv) = self.layers(enc, text_mask, method="cross_kv")
+    dtype = dtype or dtype_of(self.cfg.dtype)
+    shape = (self.cfg.decoder_layers, enc.shape[0], self.cfg.heads, self.cfg.head_dim, self.cfg.image_len)
+    hdt = lambda a: a.transpose(0, 1, 3, 4, 2).astype(dtype)                   # [L, B, S, H, D] → [L, B, H, D, S]
+    per = (lambda a: a) if self.cfg.scan_layers else (lambda a: tuple(a[i] for i in range(shape[0])))
+    return KVCache(per(jnp.zeros(shape, dtype)), per(jnp.zeros(shape, dtype)), per(hdt(ck)), per(hdt(cv)))
+
+@patch
+def step(self: Decoder, tokens, pos, cache: KVCache, text_mask):
+    "Logits `[B, image_vocab + 1]` for position `pos + 1` given token `tokens` `[B]` at `pos`; updated cache."
+    x = self._embed(tokens[:, None], jnp.reshape(pos, (1,)))
+    x, (k, v) = self.layers.carry(x, (cache.k, cache.v), pos, text_mask, xs=(cache.cross_k, cache.cross_v))
+    return self._logits(x)[:, 0], cache._replace(k=k, v=v)
 
 # %% ../nbs/06_bart.ipynb #1e006d5b
 def unstack_params(src: DalleBart, dst: DalleBart) -> DalleBart:

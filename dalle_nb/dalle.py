@@ -15,10 +15,12 @@ import optax
 from flax import nnx
 from .config import DalleConfig
 from .layers import Linear, Embed, Norm, constrain, dtype_of, gelu, abstract_module
+from .bart import attend     # the one attention function (DALL·E Mega's BART and this model)
+from fastcore.basics import patch
 
 # %% auto #0
-__all__ = ['image_mask', 'stream_mask', 'show_masks', 'layer_masks', 'plain_residual', 'attend', 'AttentionBlock', 'MLPBlock',
-           'Layer', 'DalleCache', 'DalleTransformer', 'dalle_loss', 'dalle_param_counts']
+__all__ = ['image_mask', 'stream_mask', 'show_masks', 'layer_masks', 'plain_residual', 'AttentionBlock', 'MLPBlock', 'Layer',
+           'DalleTransformer', 'dalle_loss', 'DalleCache', 'dalle_param_counts']
 
 # %% ../nbs/18_dalle.ipynb #684ddebf
 def image_mask(kind: str, grid: int, conv_kernel: int = 5) -> np.ndarray:
@@ -68,12 +70,7 @@ def plain_residual(i: int, block, fn, h):
     "The default residual add: `h + fn(block, h)` (block outputs cast to the stream's dtype)."
     return h + fn(block, h).astype(h.dtype)
 
-def attend(q, k, v, mask):
-    "Softmax attention: q `[B,Tq,H,D]`, k/v `[B,Tk,H,D]`, boolean mask broadcastable to `[B,H,Tq,Tk]`; scores in float32."
-    scores = jnp.einsum("bqhd,bkhd->bhqk", q, k, preferred_element_type=jnp.float32) / math.sqrt(q.shape[-1])
-    scores = jnp.where(mask, scores, jnp.finfo(jnp.float32).min)
-    return jnp.einsum("bhqk,bkhd->bqhd", jax.nn.softmax(scores, axis=-1).astype(v.dtype), v)
-
+# %% ../nbs/18_dalle.ipynb #3640c0f7
 class AttentionBlock(nnx.Module):
     "`LN → q, k, v → masked attention → out`, the first residual block of a layer."
     def __init__(self, cfg: DalleConfig, *, rngs: nnx.Rngs):
@@ -83,18 +80,24 @@ class AttentionBlock(nnx.Module):
         self.out_proj = lin(("heads", "embed"), cfg.init_std / math.sqrt(2 * cfg.layers))
         self.heads = cfg.heads
 
-    def split(self, x): return constrain(x.reshape(*x.shape[:2], self.heads, -1), ("batch", "length", "heads", "kv"))
+    def split(self, x):
+        "`[B, T, d]` → `[B, T, heads, head_dim]`."
+        return constrain(x.reshape(*x.shape[:2], self.heads, -1), ("batch", "length", "heads", "kv"))
 
     def qkv(self, x):
+        "Queries, keys and values of the normalised `x`, split into heads."
         h = self.ln(x)
         return self.split(self.q_proj(h)), self.split(self.k_proj(h)), self.split(self.v_proj(h))
 
-    def out(self, o): return self.out_proj(o.reshape(*o.shape[:2], -1))
+    def out(self, o):
+        "The output projection of attention outputs `[B, T, heads, head_dim]`."
+        return self.out_proj(o.reshape(*o.shape[:2], -1))
 
     def __call__(self, x, mask):
         q, k, v = self.qkv(x)
         return self.out(attend(q, k, v, mask))
 
+# %% ../nbs/18_dalle.ipynb #102b20f7
 class MLPBlock(nnx.Module):
     "`LN → fc_in → GeLU → fc_out`, the second residual block of a layer."
     def __init__(self, cfg: DalleConfig, *, rngs: nnx.Rngs):
@@ -133,11 +136,6 @@ class Layer(nnx.Module):
         return x + self.mlp(x).astype(x.dtype), (k_cache, v_cache)
 
 # %% ../nbs/18_dalle.ipynb #237225b6
-class DalleCache(NamedTuple):
-    "Keys and values of every layer for every stream position written so far: `[layers, B, text_len + image_len, heads, head_dim]`."
-    k: jax.Array
-    v: jax.Array
-
 class DalleTransformer(nnx.Module):
     "The DALL·E paper's decoder-only transformer: text ids + image ids → text logits and image logits."
     def __init__(self, cfg: DalleConfig, *, rngs: nnx.Rngs):
@@ -153,62 +151,51 @@ class DalleTransformer(nnx.Module):
         self.cfg = cfg
 
     @property
-    def n_blocks(self) -> int: return 2 * len(self.layers)
-
-    def text_tokens(self, text_ids):
-        "Text ids with each `<pad>` at position s replaced by the learned padding token `text_vocab + s`."
-        S = self.cfg.text_len
-        if text_ids.shape[-1] != S: raise ValueError(f"DalleTransformer: expected {S} text ids per caption, got {text_ids.shape[-1]}")
-        return jnp.where(text_ids == self.cfg.pad_id, self.cfg.text_vocab + jnp.arange(S), text_ids)
-
-    def image_positions(self, positions):
-        "Row + column embeddings of raster positions `[n]` → `[n, d]`."
-        g = self.cfg.image_grid
-        return self.row_embed(positions // g) + self.col_embed(positions % g)
-
-    def embed_text(self, text_ids):
-        return self.text_embed(self.text_tokens(text_ids)) + self.text_pos(jnp.arange(self.cfg.text_len))[None]
+    def n_blocks(self) -> int:
+        "Residual blocks: two per layer."
+        return 2 * len(self.layers)
 
     @property
     def residual_blocks(self) -> int:
         "How many residual blocks call `residual` (attention and MLP of every layer): per-resblock gradient scaling keeps a scale for each."
         return 2 * self.cfg.layers
 
-    def _masks(self, T):
-        return [jnp.asarray(m[:T, :T]) for m in layer_masks(self.cfg)]
+# %% ../nbs/18_dalle.ipynb #b0f101a8
+@patch
+def text_tokens(self: DalleTransformer, text_ids):
+    "Text ids with each `<pad>` at position s replaced by the learned padding token `text_vocab + s`."
+    S = self.cfg.text_len
+    if text_ids.shape[-1] != S: raise ValueError(f"DalleTransformer: expected {S} text ids per caption, got {text_ids.shape[-1]}")
+    return jnp.where(text_ids == self.cfg.pad_id, self.cfg.text_vocab + jnp.arange(S), text_ids)
 
-    def __call__(self, text_ids, image_ids, residual=plain_residual):
-        "Text logits `[B, text_len-1, text_vocab+text_len]` and image logits `[B, image_len, image_codes]` (float32)."
-        S, N = self.cfg.text_len, self.cfg.image_len
-        if image_ids.shape[-1] != N: raise ValueError(f"DalleTransformer: expected {N} image ids per image, got {image_ids.shape[-1]}")
-        xi = self.image_embed(image_ids[:, :-1]) + self.image_positions(jnp.arange(N - 1))[None]
-        x = constrain(jnp.concatenate([self.embed_text(text_ids), xi], axis=1), ("batch", "length", "embed"))
-        for i, (layer, mask) in enumerate(zip(self.layers, self._masks(S + N - 1))):
-            x = layer(x, mask, i, residual)
-        x = self.ln_f(x)
-        return self.text_head(x[:, :S - 1]).astype(jnp.float32), self.image_head(x[:, S - 1:]).astype(jnp.float32)
+@patch
+def image_positions(self: DalleTransformer, positions):
+    "Row + column embeddings of raster positions `[n]` → `[n, d]`."
+    g = self.cfg.image_grid
+    return self.row_embed(positions // g) + self.col_embed(positions % g)
 
-    def prefill(self, text_ids, dtype=None):
-        "Run the caption: logits `[B, image_codes]` of the first image token and the KV cache holding the text."
-        S, T = self.cfg.text_len, self.cfg.seq_len
-        x, ks, vs = self.embed_text(text_ids), [], []
-        for layer, mask in zip(self.layers, self._masks(S)):
-            x, (k, v) = layer.prefill(x, mask)
-            ks.append(k); vs.append(v)
-        dtype = dtype or dtype_of(self.cfg.dtype)
-        pad = lambda a: jnp.pad(jnp.stack(a).astype(dtype), ((0, 0), (0, 0), (0, T - S), (0, 0), (0, 0)))
-        return self.image_head(self.ln_f(x[:, -1])).astype(jnp.float32), DalleCache(pad(ks), pad(vs))
+@patch
+def embed_text(self: DalleTransformer, text_ids):
+    "Token + position embeddings of the text `[B, text_len, d]` (float32)."
+    return self.text_embed(self.text_tokens(text_ids)) + self.text_pos(jnp.arange(self.cfg.text_len))[None]
 
-    def step(self, tokens, t, cache: DalleCache):
-        "Feed image token `tokens` `[B]` at image position `t`: logits `[B, image_codes]` of image token `t + 1`, updated cache."
-        pos = self.cfg.text_len + t
-        x = (self.image_embed(tokens) + self.image_positions(jnp.reshape(t, (1,))))[:, None]
-        ks, vs = [], []
-        for i, (layer, mask) in enumerate(zip(self.layers, layer_masks(self.cfg))):
-            row = jax.lax.dynamic_index_in_dim(jnp.asarray(mask), pos, axis=0, keepdims=False)
-            x, (k, v) = layer.step(x, pos, row, cache.k[i], cache.v[i])
-            ks.append(k); vs.append(v)
-        return self.image_head(self.ln_f(x[:, 0])).astype(jnp.float32), DalleCache(jnp.stack(ks), jnp.stack(vs))
+# %% ../nbs/18_dalle.ipynb #49d21389
+@patch
+def _masks(self: DalleTransformer, T):
+    "Every layer's stream mask, cut to the first `T` positions."
+    return [jnp.asarray(m[:T, :T]) for m in layer_masks(self.cfg)]
+
+@patch
+def __call__(self: DalleTransformer, text_ids, image_ids, residual=plain_residual):
+    "Text logits `[B, text_len-1, text_vocab+text_len]` and image logits `[B, image_len, image_codes]` (float32)."
+    S, N = self.cfg.text_len, self.cfg.image_len
+    if image_ids.shape[-1] != N: raise ValueError(f"DalleTransformer: expected {N} image ids per image, got {image_ids.shape[-1]}")
+    xi = self.image_embed(image_ids[:, :-1]) + self.image_positions(jnp.arange(N - 1))[None]
+    x = constrain(jnp.concatenate([self.embed_text(text_ids), xi], axis=1), ("batch", "length", "embed"))
+    for i, (layer, mask) in enumerate(zip(self.layers, self._masks(S + N - 1))):
+        x = layer(x, mask, i, residual)
+    x = self.ln_f(x)
+    return self.text_head(x[:, :S - 1]).astype(jnp.float32), self.image_head(x[:, S - 1:]).astype(jnp.float32)
 
 # %% ../nbs/18_dalle.ipynb #e868286b
 def dalle_loss(model: DalleTransformer, text_ids, image_ids, residual=plain_residual):
@@ -219,6 +206,37 @@ def dalle_loss(model: DalleTransformer, text_ids, image_ids, residual=plain_resi
     w = model.cfg.text_loss_weight
     loss = w * text_ce + (1 - w) * image_ce
     return loss, {"loss": loss, "text_loss": text_ce, "image_loss": image_ce, "accuracy": (il.argmax(-1) == image_ids).mean()}
+
+# %% ../nbs/18_dalle.ipynb #af71e359
+class DalleCache(NamedTuple):
+    "Keys and values of every layer for every stream position written so far: `[layers, B, text_len + image_len, heads, head_dim]`."
+    k: jax.Array
+    v: jax.Array
+
+@patch
+def prefill(self: DalleTransformer, text_ids, dtype=None):
+    "Run the caption: logits `[B, image_codes]` of the first image token and the KV cache holding the text."
+    S, T = self.cfg.text_len, self.cfg.seq_len
+    x, ks, vs = self.embed_text(text_ids), [], []
+    for layer, mask in zip(self.layers, self._masks(S)):
+        x, (k, v) = layer.prefill(x, mask)
+        ks.append(k); vs.append(v)
+    dtype = dtype or dtype_of(self.cfg.dtype)
+    pad = lambda a: jnp.pad(jnp.stack(a).astype(dtype), ((0, 0), (0, 0), (0, T - S), (0, 0), (0, 0)))
+    return self.image_head(self.ln_f(x[:, -1])).astype(jnp.float32), DalleCache(pad(ks), pad(vs))
+
+# %% ../nbs/18_dalle.ipynb #72f8c541
+@patch
+def step(self: DalleTransformer, tokens, t, cache: DalleCache):
+    "Feed image token `tokens` `[B]` at image position `t`: logits `[B, image_codes]` of image token `t + 1`, updated cache."
+    pos = self.cfg.text_len + t
+    x = (self.image_embed(tokens) + self.image_positions(jnp.reshape(t, (1,))))[:, None]
+    ks, vs = [], []
+    for i, (layer, mask) in enumerate(zip(self.layers, layer_masks(self.cfg))):
+        row = jax.lax.dynamic_index_in_dim(jnp.asarray(mask), pos, axis=0, keepdims=False)
+        x, (k, v) = layer.step(x, pos, row, cache.k[i], cache.v[i])
+        ks.append(k); vs.append(v)
+    return self.image_head(self.ln_f(x[:, 0])).astype(jnp.float32), DalleCache(jnp.stack(ks), jnp.stack(vs))
 
 # %% ../nbs/18_dalle.ipynb #d3e4a97f
 def dalle_param_counts(cfg: DalleConfig) -> dict:

@@ -60,6 +60,7 @@ class Group(nnx.Module):
             x = jnp.repeat(jnp.repeat(x, 2, axis=1), 2, axis=2)
         return x
 
+# %% ../nbs/17_dvae.ipynb #fde9122f
 class DVAEEncoder(nnx.Module):
     "Image in [eps, 1-eps] `[B,H,W,C]` → logits `[B, H/f, W/f, vocab_size]` (float32)."
     def __init__(self, cfg: DVAEConfig, *, rngs: nnx.Rngs):
@@ -75,6 +76,7 @@ class DVAEEncoder(nnx.Module):
         for g in self.groups: x = g(x)
         return self.output(jax.nn.relu(x).astype(jnp.float32))
 
+# %% ../nbs/17_dvae.ipynb #a941fa2d
 class DVAEDecoder(nnx.Module):
     "(Relaxed) one-hot codes `[B, g, g, vocab_size]` → pixel statistics `[B, H, W, 2·C]` (μ then log b, float32)."
     def __init__(self, cfg: DVAEConfig, *, rngs: nnx.Rngs):
@@ -92,7 +94,9 @@ class DVAEDecoder(nnx.Module):
         stats = depth_to_space(self.output(jax.nn.relu(x)), self.patch)       # [B, H, W, 2C], patch-major channels
         return stats.astype(jnp.float32)
 
-    def __call__(self, z): return self.from_hidden(self.input(z.astype(jnp.float32)))
+    def __call__(self, z):
+        "Pixel statistics of (relaxed) one-hot codes `z`: the input 1×1 conv (float32), then `from_hidden`."
+        return self.from_hidden(self.input(z.astype(jnp.float32)))
 
     def embed_ids(self, ids):
         "The input convolution of one-hot codes, as a row lookup: ids `[B, g, g]` → `[B, g, g, n_init]`."

@@ -10,6 +10,7 @@ import jax.numpy as jnp
 from flax import nnx
 from .config import VQGANConfig
 from .layers import Conv, swish
+from fastcore.basics import patch
 from .vqgan import VQGAN, VectorQuantizer, space_to_depth
 
 # %% auto #0
@@ -27,6 +28,7 @@ def figure_ground(x, p: int, floor: float = 0.1):
     top = jnp.repeat(jnp.repeat(top, p, 1), p, 2)[..., None]
     return jnp.where(top < floor, 0.0, d / jnp.maximum(top, floor)).astype(x.dtype)   # faint noise only: no figure
 
+# %% ../nbs/05a_factored.ipynb #660e7824
 def patch_colors(x, p: int):
     "`[B, H/p, W/p, 4]`: per `p × p` patch, the mean colour of its figure pixels (weighted by `figure_ground`) and its largest weight."
     w = space_to_depth(figure_ground(x, p), p).astype(jnp.float32)                 # [B, g, g, p²]
@@ -36,6 +38,7 @@ def patch_colors(x, p: int):
     has = w.max(-1, keepdims=True)
     return jnp.concatenate([mean * has, has], -1).astype(x.dtype)
 
+# %% ../nbs/05a_factored.ipynb #55b7a5a7
 class PatchEncoder(nnx.Module):
     "The outline stream's encoder: each `factor × factor` patch of a one-channel map → `[z_channels]`, by an MLP that sees only that patch."
     def __init__(self, cfg: VQGANConfig, *, rngs: nnx.Rngs):
@@ -74,28 +77,36 @@ class FactoredVQGAN(VQGAN):
                          self.cfg.n_embed + self.quantize_color.lookup(self.color_features(images))], -1)
         return ids.reshape(images.shape[0], -1)
 
-    def latents(self, ids):
-        "`(outline codes [B, g, g, embed_dim], colour codes [B, g, g, 4])` of token ids `[B, n_tokens]`."
-        g = self.cfg.grid
-        t = self._ids(ids).reshape(-1, g, g, 2)     # an id from the other codebook's range is read as the nearest id of the right one
-        outline = jnp.clip(t[..., 0], 0, self.cfg.n_embed - 1)
-        color = jnp.clip(t[..., 1] - self.cfg.n_embed, 0, self.cfg.color_codes - 1)
-        return self.quantize.embed(outline), self.quantize_color.embed(color)
+# %% ../nbs/05a_factored.ipynb #d1c1d197
+@patch
+def latents(self: FactoredVQGAN, ids):
+    "`(outline codes [B, g, g, embed_dim], colour codes [B, g, g, 4])` of token ids `[B, n_tokens]`."
+    g = self.cfg.grid
+    t = self._ids(ids).reshape(-1, g, g, 2)     # an id from the other codebook's range is read as the nearest id of the right one
+    outline = jnp.clip(t[..., 0], 0, self.cfg.n_embed - 1)
+    color = jnp.clip(t[..., 1] - self.cfg.n_embed, 0, self.cfg.color_codes - 1)
+    return self.quantize.embed(outline), self.quantize_color.embed(color)
 
-    def decode_latents(self, zq, zc):
-        z = self.post_quant_conv(zq)
-        return self.decoder(z + self.post_color_conv(zc.astype(z.dtype))).astype(jnp.float32)
+@patch
+def decode_latents(self: FactoredVQGAN, zq, zc):
+    "Outline codes through `post_quant_conv` plus colour codes through `post_color_conv`, decoded: unclipped float32 images."
+    z = self.post_quant_conv(zq)
+    return self.decoder(z + self.post_color_conv(zc.astype(z.dtype))).astype(jnp.float32)
 
-    def codebooks(self) -> list:
-        return super().codebooks() + [(self.quantize_color, self.color_features)]
+# %% ../nbs/05a_factored.ipynb #cdbf3544
+@patch
+def codebooks(self: FactoredVQGAN) -> list:
+    "Both codebooks, each with the features it quantises: outline, then colour."
+    return [(self.quantize, self.features), (self.quantize_color, self.color_features)]
 
-    def __call__(self, images, update_usage: bool = False):
-        "Reconstruction (unclipped) and `{ids, codebook losses (both codebooks'), perplexity, color_perplexity}`."
-        zq, ids, losses = self.quantize(self.features(images), update_usage)
-        zc, cids, closs = self.quantize_color(self.color_features(images), update_usage)
-        losses = {**{k: losses[k] + closs[k] for k in ("codebook", "commit", "loss")},
-                  "perplexity": losses["perplexity"], "color_perplexity": closs["perplexity"]}
-        return self.decode_latents(zq, zc), {**losses, "ids": jnp.stack([ids, self.cfg.n_embed + cids], -1).reshape(images.shape[0], -1)}
+@patch
+def __call__(self: FactoredVQGAN, images, update_usage: bool = False):
+    "Reconstruction (unclipped) and `{ids, codebook losses (both codebooks'), perplexity, color_perplexity}`."
+    zq, ids, losses = self.quantize(self.features(images), update_usage)
+    zc, cids, closs = self.quantize_color(self.color_features(images), update_usage)
+    losses = {**{k: losses[k] + closs[k] for k in ("codebook", "commit", "loss")},
+              "perplexity": losses["perplexity"], "color_perplexity": closs["perplexity"]}
+    return self.decode_latents(zq, zc), {**losses, "ids": jnp.stack([ids, self.cfg.n_embed + cids], -1).reshape(images.shape[0], -1)}
 
 def make_vqgan(cfg: VQGANConfig, *, rngs: nnx.Rngs) -> VQGAN:
     "The VQGAN `cfg` describes: a `FactoredVQGAN` when it has colour codes, a plain `VQGAN` otherwise."

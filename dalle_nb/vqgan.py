@@ -12,6 +12,7 @@ import jax, jax.numpy as jnp
 from flax import nnx
 from .config import VQGANConfig, F16_VQGAN
 from .layers import Conv, param, swish, dtype_of, abstract_module
+from fastcore.basics import patch
 
 # %% auto #0
 __all__ = ['GroupNorm', 'ResnetBlock', 'AttnBlock', 'Downsample', 'Upsample', 'space_to_depth', 'depth_to_space', 'Level', 'Mid',
@@ -49,6 +50,7 @@ class ResnetBlock(nnx.Module):
         h = self.conv2(swish(self.norm2(h)))
         return (self.nin_shortcut(x) if self.nin_shortcut is not None else x) + h
 
+# %% ../nbs/05_vqgan.ipynb #11804e7a
 class AttnBlock(nnx.Module):
     "Single-head self-attention over all positions of a feature map, with 1×1-conv `q, k, v, proj_out`."
     def __init__(self, ch: int, cfg: VQGANConfig, *, rngs: nnx.Rngs):
@@ -63,6 +65,7 @@ class AttnBlock(nnx.Module):
         out = jnp.einsum("bqk,bkc->bqc", w.astype(v.dtype), v).reshape(B, H, W, C)
         return x + self.proj_out(out)
 
+# %% ../nbs/05_vqgan.ipynb #efa43d89
 class Downsample(nnx.Module):
     "Halve the resolution: pad one pixel at the bottom/right, 3×3 conv with stride 2 (taming's layout)."
     def __init__(self, ch: int, cfg: VQGANConfig, *, rngs: nnx.Rngs):
@@ -112,6 +115,7 @@ class Mid(nnx.Module):
         self.block_1, self.attn_1, self.block_2 = ResnetBlock(ch, ch, cfg, rngs=rngs), AttnBlock(ch, cfg, rngs=rngs), ResnetBlock(ch, ch, cfg, rngs=rngs)
     def __call__(self, x): return self.block_2(self.attn_1(self.block_1(x)))
 
+# %% ../nbs/05_vqgan.ipynb #791c6e83
 class Encoder(nnx.Module):
     "Image `[B,H,W,3]` in [-1, 1] → features `[B, H/f, W/f, z_channels]`."
     def __init__(self, cfg: VQGANConfig, *, rngs: nnx.Rngs):
@@ -133,6 +137,7 @@ class Encoder(nnx.Module):
         for level in self.down: x = level(x)
         return self.conv_out(swish(self.norm_out(self.mid(x))))
 
+# %% ../nbs/05_vqgan.ipynb #f0f17956
 class Decoder(nnx.Module):
     "Features `[B, H/f, W/f, z_channels]` → image `[B,H,W,3]` (unbounded; about [0, 1])."
     def __init__(self, cfg: VQGANConfig, *, rngs: nnx.Rngs):
@@ -206,50 +211,67 @@ class VQGAN(nnx.Module):
 
     def _encoder(self, cfg, rngs): return Encoder(cfg, rngs=rngs)
 
-    def _pixels(self, images):
-        if self.encoder is None:
-            raise ValueError("VQGAN: this VQGAN has only a decoder (min-dalle ships only detoker.pt): it decodes tokens but cannot encode images")
-        x = jnp.asarray(images, dtype_of(self.cfg.dtype))
-        if x.shape[1:] != (self.cfg.resolution, self.cfg.resolution, self.cfg.in_channels):
-            raise ValueError(f"VQGAN: expected images [B, {self.cfg.resolution}, {self.cfg.resolution}, {self.cfg.in_channels}], got {x.shape}")
-        return x
+# %% ../nbs/05_vqgan.ipynb #4f5ea71a
+@patch
+def _pixels(self: VQGAN, images):
+    "Images as the model's dtype, their shape checked; refused by a decoder-only VQGAN."
+    if self.encoder is None:
+        raise ValueError("VQGAN: this VQGAN has only a decoder (min-dalle ships only detoker.pt): it decodes tokens but cannot encode images")
+    x = jnp.asarray(images, dtype_of(self.cfg.dtype))
+    if x.shape[1:] != (self.cfg.resolution, self.cfg.resolution, self.cfg.in_channels):
+        raise ValueError(f"VQGAN: expected images [B, {self.cfg.resolution}, {self.cfg.resolution}, {self.cfg.in_channels}], got {x.shape}")
+    return x
 
-    def _encode(self, x):
-        if self.cfg.signed_input: x = x * 2 - 1
-        return self.quant_conv(self.encoder(x))
+@patch
+def _encode(self: VQGAN, x):
+    "Encoder + `quant_conv` of checked pixels (rescaled to [-1, 1] when `signed_input`)."
+    if self.cfg.signed_input: x = x * 2 - 1
+    return self.quant_conv(self.encoder(x))
 
-    def features(self, images):
-        "Pre-quantisation encoder vectors `[B, g, g, embed_dim]` of images in [0, 1]."
-        return self._encode(self._pixels(images))
+@patch
+def features(self: VQGAN, images):
+    "Pre-quantisation encoder vectors `[B, g, g, embed_dim]` of images in [0, 1]."
+    return self._encode(self._pixels(images))
 
-    def encode(self, images):
-        "Token ids `[B, n_tokens]` (row-major) of images in [0, 1]."
-        return self.quantize.lookup(self.features(images)).reshape(images.shape[0], -1)
+@patch
+def encode(self: VQGAN, images):
+    "Token ids `[B, n_tokens]` (row-major) of images in [0, 1]."
+    return self.quantize.lookup(self.features(images)).reshape(images.shape[0], -1)
 
-    def _ids(self, ids):
-        ids = jnp.asarray(ids)
-        if ids.shape[-1] != self.cfg.n_tokens: raise ValueError(f"VQGAN: expected {self.cfg.n_tokens} token ids per image, got {ids.shape[-1]}")
-        return ids
+# %% ../nbs/05_vqgan.ipynb #9d2acfb2
+@patch
+def _ids(self: VQGAN, ids):
+    "Token ids as an array, their count per image checked."
+    ids = jnp.asarray(ids)
+    if ids.shape[-1] != self.cfg.n_tokens: raise ValueError(f"VQGAN: expected {self.cfg.n_tokens} token ids per image, got {ids.shape[-1]}")
+    return ids
 
-    def latents(self, ids):
-        "What `decode_latents` reads for token ids `[B, n_tokens]`, as a tuple: here the codes `[B, g, g, embed_dim]`."
-        return (self.quantize.embed(self._ids(ids).reshape(-1, self.cfg.grid, self.cfg.grid)),)
+@patch
+def latents(self: VQGAN, ids):
+    "What `decode_latents` reads for token ids `[B, n_tokens]`, as a tuple: here the codes `[B, g, g, embed_dim]`."
+    return (self.quantize.embed(self._ids(ids).reshape(-1, self.cfg.grid, self.cfg.grid)),)
 
-    def decode_latents(self, zq):
-        return self.decoder(self.post_quant_conv(zq)).astype(jnp.float32)
+@patch
+def decode_latents(self: VQGAN, zq):
+    "`post_quant_conv` + decoder of code vectors: unclipped float32 images."
+    return self.decoder(self.post_quant_conv(zq)).astype(jnp.float32)
 
-    def decode(self, ids):
-        "Images in [0, 1], `[B, H, W, 3]`, of token ids `[B, n_tokens]`."
-        return jnp.clip(self.decode_latents(*self.latents(ids)), 0.0, 1.0)
+@patch
+def decode(self: VQGAN, ids):
+    "Images in [0, 1], `[B, H, W, 3]`, of token ids `[B, n_tokens]`."
+    return jnp.clip(self.decode_latents(*self.latents(ids)), 0.0, 1.0)
 
-    def codebooks(self) -> list:
-        "`(quantizer, features of images)` for each codebook (what `init_codebook` and `restart_dead_codes` look after)."
-        return [(self.quantize, self.features)]
+# %% ../nbs/05_vqgan.ipynb #11928f5c
+@patch
+def codebooks(self: VQGAN) -> list:
+    "`(quantizer, features of images)` for each codebook (what `init_codebook` and `restart_dead_codes` look after)."
+    return [(self.quantize, self.features)]
 
-    def __call__(self, images, update_usage: bool = False):
-        "Reconstruction (unclipped) and `{ids, codebook losses, perplexity}`."
-        zq, ids, losses = self.quantize(self.features(images), update_usage)
-        return self.decode_latents(zq), {**losses, "ids": ids.reshape(images.shape[0], -1)}
+@patch
+def __call__(self: VQGAN, images, update_usage: bool = False):
+    "Reconstruction (unclipped) and `{ids, codebook losses, perplexity}`."
+    zq, ids, losses = self.quantize(self.features(images), update_usage)
+    return self.decode_latents(zq), {**losses, "ids": ids.reshape(images.shape[0], -1)}
 
 # %% ../nbs/05_vqgan.ipynb #dceef882
 def psnr(a, b) -> jax.Array:
@@ -307,6 +329,7 @@ def init_codebook(model: VQGAN, images, key, rounds: int = 8):
             fresh = _sample_features(q, features, images, jax.random.fold_in(key_j, r), per).astype(q.embedding.dtype)
             q.embedding[...] = q.embedding[...].at[r * per:(r + 1) * per].set(fresh[:n - r * per])
 
+# %% ../nbs/05_vqgan.ipynb #5075a2a7
 @nnx.jit
 def restart_dead_codes(model: VQGAN, images, key, threshold: float = 0.03) -> jax.Array:
     "Move codes used less than `threshold / n` of the time (`n` codes in their codebook) to poorly represented encoder vectors; returns how many moved."
@@ -325,7 +348,7 @@ def show_reconstructions(model: VQGAN, images, n: int = 8, title: str = "origina
     "Originals above their reconstructions, with the PSNR of each."
     from dalle_nb.images import show_images, to_float
     x = jnp.asarray(to_float(images[:n]))
-    rec = model.decode(model.encode(x))
+    rec = nnx.jit(lambda m, a: m.decode(m.encode(a)))(model, x)
     scores = [float(psnr(rec[i:i + 1], x[i:i + 1])) for i in range(len(x))]
     return show_images(np.concatenate([np.asarray(x), np.asarray(rec)]), ncols=len(x),
                        titles=[""] * len(x) + [f"{s:.1f} dB" for s in scores], title=title)
