@@ -9,11 +9,10 @@ from __future__ import annotations
 import math
 from typing import NamedTuple
 import jax, jax.numpy as jnp
-import numpy as np
 import optax
 from flax import nnx
 from .config import BartConfig
-from .layers import Linear, Embed, Norm, constrain, dtype_of, gelu, shapes_only, abstract_module
+from .layers import Linear, Embed, Norm, constrain, dtype_of, gelu, shapes_only, abstract_module, count_params
 from fastcore.basics import patch
 
 # %% auto #0
@@ -326,6 +325,5 @@ def unstack_params(src: DalleBart, dst: DalleBart) -> DalleBart:
 def param_counts(cfg: BartConfig) -> dict:
     "Parameters of the encoder, the decoder and in total, counted on an abstract (shape-only) model."
     abstract = abstract_module(lambda: DalleBart(cfg, rngs=nnx.Rngs(0)))
-    count = lambda m: sum(int(np.prod(x.shape)) for x in jax.tree.leaves(nnx.state(m, nnx.Param)))
-    enc, dec = count(abstract.encoder), count(abstract.decoder)
+    enc, dec = count_params(abstract.encoder), count_params(abstract.decoder)
     return {"encoder": enc, "decoder": dec, "total": enc + dec}

@@ -12,7 +12,7 @@ import jax, jax.numpy as jnp
 import optax
 from flax import nnx
 from .config import CLIPConfig, CLIP_VIT_B32
-from .layers import Linear, Embed, Norm, Conv, param, ACTIVATIONS, abstract_module
+from .layers import Linear, Embed, Norm, Conv, param, ACTIVATIONS, abstract_module, count_params
 
 # %% auto #0
 __all__ = ['CLIP_MEAN', 'CLIP_STD', 'CLIPAttention', 'CLIPMLP', 'CLIPLayer', 'CLIPEncoder', 'preprocess', 'VisionEmbeddings',
@@ -222,6 +222,6 @@ def batch_rerank(model: CLIP, images, ids, k: int | None = None):
 def clip_param_count(cfg: CLIPConfig) -> dict:
     "Parameters of the vision side, the text side and the total (abstract model, no memory)."
     m = abstract_module(lambda: CLIP(cfg, rngs=nnx.Rngs(0)))
-    count = lambda mod: sum(int(np.prod(v.shape)) for v in jax.tree.leaves(nnx.state(mod, nnx.Param)))
+    count = count_params
     return {"vision": count(m.vision_model) + count(m.visual_projection), "text": count(m.text_model) + count(m.text_projection),
             "total": count(m)}

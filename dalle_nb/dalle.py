@@ -14,7 +14,7 @@ import jax, jax.numpy as jnp
 import optax
 from flax import nnx
 from .config import DalleConfig
-from .layers import Linear, Embed, Norm, constrain, dtype_of, gelu, abstract_module
+from .layers import Linear, Embed, Norm, constrain, dtype_of, gelu, abstract_module, count_params
 from .bart import attend     # the one attention function (DALL·E Mega's BART and this model)
 from fastcore.basics import patch
 
@@ -244,7 +244,6 @@ def dalle_param_counts(cfg: DalleConfig) -> dict:
     from dataclasses import replace
     one = replace(cfg, layers=1, attn_types="")                 # every layer has the same shapes, whatever its mask
     m = abstract_module(lambda: DalleTransformer(one, rngs=nnx.Rngs(0)))
-    count = lambda mod: sum(int(np.prod(x.shape)) for x in jax.tree.leaves(nnx.state(mod, nnx.Param)))
-    per_layer = count(m.layers[0])
-    rest = count(m) - per_layer
+    per_layer = count_params(m.layers[0])
+    rest = count_params(m) - per_layer
     return {"layers": cfg.layers * per_layer, "embeddings_and_heads": rest, "total": cfg.layers * per_layer + rest}

@@ -11,7 +11,7 @@ import numpy as np
 import jax, jax.numpy as jnp
 from flax import nnx
 from .config import DVAEConfig, PAPER_DVAE
-from .layers import Conv, dtype_of, abstract_module
+from .layers import Conv, dtype_of, abstract_module, count_params
 from .vqgan import space_to_depth, depth_to_space     # the same patch (un)folding as the VQGAN's
 
 # %% auto #0
@@ -225,7 +225,6 @@ def show_dvae_reconstructions(model: DVAE, images, n: int = 8, title: str = "ori
 def dvae_param_counts(cfg: DVAEConfig) -> dict:
     "Parameter counts of the encoder, the decoder and in total, from an abstract model."
     m = abstract_module(lambda: DVAE(cfg, rngs=nnx.Rngs(0)))
-    count = lambda mod: sum(int(np.prod(v.shape)) for v in jax.tree.leaves(nnx.state(mod, nnx.Param)))
-    out = {"encoder": count(m.encoder), "decoder": count(m.decoder)}
+    out = {"encoder": count_params(m.encoder), "decoder": count_params(m.decoder)}
     out["total"] = sum(out.values())
     return out

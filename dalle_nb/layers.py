@@ -15,8 +15,8 @@ from jax.sharding import PartitionSpec as P
 
 # %% auto #0
 __all__ = ['LOGICAL_AXES', 'QUANTIZE', 'ACTIVATIONS', 'xla_cpu_defaults', 'dtype_of', 'param', 'shapes_only', 'abstract_module',
-           'logical_to_spec', 'constrain', 'normal', 'Linear', 'quantize_rows', 'served_kernel', 'Embed', 'serve_all',
-           'Norm', 'Conv', 'gelu', 'quick_gelu', 'swish']
+           'count_params', 'logical_to_spec', 'constrain', 'normal', 'Linear', 'quantize_rows', 'served_kernel',
+           'Embed', 'serve_all', 'Norm', 'Conv', 'gelu', 'quick_gelu', 'swish']
 
 # %% ../nbs/04_layers.ipynb #c22d4f45
 def xla_cpu_defaults(env=os.environ) -> str:
@@ -57,6 +57,11 @@ def abstract_module(make, trace: bool = False):
     token = _SHAPES_ONLY.set(not trace)   # a traced build (for what needs arrays, such as `nnx.vmap`) draws values
     try: return nnx.eval_shape(make) if trace else make()
     finally: _SHAPES_ONLY.reset(token)
+
+# %% ../nbs/04_layers.ipynb #fd8d8cb7
+def count_params(module) -> int:
+    "How many parameter values `module` holds (0 for `None`); reads shapes only, so abstract modules cost nothing."
+    return 0 if module is None else sum(math.prod(v.shape) for v in jax.tree.leaves(nnx.state(module, nnx.Param)))
 
 # %% ../nbs/04_layers.ipynb #5e02653f
 def logical_to_spec(axes, rules) -> P:

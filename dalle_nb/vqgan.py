@@ -11,7 +11,7 @@ import numpy as np
 import jax, jax.numpy as jnp
 from flax import nnx
 from .config import VQGANConfig, F16_VQGAN
-from .layers import Conv, param, swish, dtype_of, abstract_module
+from .layers import Conv, param, swish, dtype_of, abstract_module, count_params
 from fastcore.basics import patch
 
 # %% auto #0
@@ -357,8 +357,7 @@ def show_reconstructions(model: VQGAN, images, n: int = 8, title: str = "origina
 def vqgan_param_counts(cfg: VQGANConfig, cls=None) -> dict:
     "Parameter counts of the encoder, decoder, codebooks + 1×1 convs, and total, from an abstract `cls` (default `VQGAN`) model."
     m = abstract_module(lambda: (cls or VQGAN)(cfg, rngs=nnx.Rngs(0)))
-    count = lambda mod: 0 if mod is None else sum(int(np.prod(v.shape)) for v in jax.tree.leaves(nnx.state(mod, nnx.Param)))
-    out = {"encoder": count(m.encoder), "decoder": count(m.decoder)}
-    out["total"] = count(m)
+    out = {"encoder": count_params(m.encoder), "decoder": count_params(m.decoder)}
+    out["total"] = count_params(m)
     out["quantizer"] = out["total"] - out["encoder"] - out["decoder"]
     return out
