@@ -38,10 +38,14 @@ def _shown_cells(nb: Path):
 @pytest.mark.parametrize("nb", NBS, ids=[p.stem for p in NBS])
 def test_notebook_keeps_its_outputs(nb):
     "Readers see every notebook with its results (run `nbdev-test --save nbs/X.ipynb` after changing one); pictures stay small."
+    import json
     shown, with_out = _shown_cells(nb)
     assert not shown or len(with_out) >= 0.5 * len(shown), (
         f"{nb.name}: only {len(with_out)} of {len(shown)} cells have stored outputs; run `nbdev-test --save {nb.relative_to(ROOT)}`")
     assert nb.stat().st_size <= 1.5e6, f"{nb.name} is {nb.stat().st_size / 1e6:.1f} MB with its outputs (at most 1.5 MB)"
+    stored = "".join(json.dumps(c.get("outputs", [])) for c in with_out)
+    assert not any(w in stored for w in ("InitGoogle", "TPU_WORKER_HOSTNAMES", "libtpu_init_utils")), (
+        f"{nb.name} stored libtpu's start-up warnings: with the tpu extra installed and no TPU, save notebooks with JAX_PLATFORMS=cpu")
 
 
 def test_all_notebooks_stay_small():
