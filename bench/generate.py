@@ -255,7 +255,7 @@ def cli_twice(model_dir: str, quantize: str, k: int) -> dict:
     import shutil, tempfile
     exe = shutil.which("dalle-nb") or str(Path(sys.executable).with_name("dalle-nb"))
     with tempfile.TemporaryDirectory() as d:
-        env = {k_: v for k_, v in os.environ.items() if k_ != "XLA_FLAGS"}
+        env = one_device_env()
         env["DALLE_NB_CACHE"] = d
         cmd = [exe, "generate", PROMPT, "--model", model_dir, "--n", str(k), "--rerank", "0", "--cond-scale", str(SETTINGS["cond_scale"]),
                "--top-k", str(SETTINGS["top_k"]), "--temperature", str(SETTINGS["temperature"]), "--quiet", "--out", str(Path(d) / "out")]
@@ -281,10 +281,15 @@ def child(argv: list[str]) -> dict:
     return run_ours(rest[0], rest[1], images, repeats) if kind == "ours" else run_min_dalle(rest[0], rest[1], images, repeats)
 
 
+def one_device_env() -> dict:
+    "os.environ with one CPU device, as a user's shell has: a device-count flag dropped from XLA_FLAGS, other flags kept."
+    flags = [f for f in os.environ.get("XLA_FLAGS", "").split() if not f.startswith("--xla_force_host_platform_device_count")]
+    return {**os.environ, "XLA_FLAGS": " ".join(flags)}
+
+
 def in_process(*argv, timeout=7200) -> dict:
     "A fresh Python process running `child(argv)`; its report (its last stdout line, JSON)."
-    env = {**os.environ}
-    env.pop("XLA_FLAGS", None)                       # one CPU device, as a user's shell has
+    env = one_device_env()
     r = subprocess.run([sys.executable, __file__, "--child", *argv], capture_output=True, text=True, timeout=timeout, env=env)
     if r.returncode != 0:
         return dict(error=f"exit {r.returncode}" + (" (killed: out of memory?)" if r.returncode < 0 else ""), stderr=r.stderr[-2000:])

@@ -1,17 +1,17 @@
 """The installed `dalle-nb` console script, run as a user would: in a subprocess, with the shipped model."""
-import json, os, re, shutil, signal, subprocess, sys, time
+import json, re, shutil, signal, subprocess, sys, time
 from pathlib import Path
 import numpy as np
 import pytest
 from PIL import Image
 import dalle_nb
+from conftest import one_device_env
 
 EXE = shutil.which("dalle-nb") or str(Path(sys.executable).with_name("dalle-nb"))
 
 
 def run(*args, cwd=None):
-    env = {**os.environ, "DALLE_NB_CACHE": str(Path(cwd or ".") / ".cache")}
-    env.pop("XLA_FLAGS", None)          # one CPU device, as a user's shell has (conftest's 8 fake devices are for the mesh tests)
+    env = one_device_env(DALLE_NB_CACHE=str(Path(cwd or ".") / ".cache"))   # conftest's 8 fake devices are for the mesh tests
     return subprocess.run([EXE, *args], capture_output=True, text=True, timeout=600, cwd=cwd, env=env)
 
 
@@ -186,8 +186,7 @@ def test_train_then_retrain_one_stage_then_generate(tmp_path):
 
 def test_ctrl_c_keeps_every_finished_image(tmp_path):
     "A long run interrupted as a user would (SIGINT): every batch already drawn is on disk, whole, with a grid; exit status 130."
-    env = {**os.environ, "DALLE_NB_CACHE": str(tmp_path / ".cache")}
-    env.pop("XLA_FLAGS", None)
+    env = one_device_env(DALLE_NB_CACHE=str(tmp_path / ".cache"))
     out = tmp_path / "o"
     p = subprocess.Popen([EXE, "generate", "a red circle", "--n", "100000", "--rerank", "0", "--out", str(out)], cwd=tmp_path, env=env,
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -227,7 +226,7 @@ def test_importing_prints_nothing_alarming(tmp_path):
             "from transformers.utils import logging\n"
             "logging.get_logger('transformers').warning_advice('PyTorch was not found.')\n"   # what transformers prints without torch
             "dalle_nb.pipeline.Pipeline()('a red circle', n=1, rerank=0)\n")
-    env = {**os.environ}; env.pop("XLA_FLAGS", None); env.pop("TRANSFORMERS_NO_ADVISORY_WARNINGS", None)
+    env = one_device_env(drop=("TRANSFORMERS_NO_ADVISORY_WARNINGS",))
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env)
     assert r.returncode == 0, r.stderr
     assert r.stderr.strip() == "", r.stderr

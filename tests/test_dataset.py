@@ -3,13 +3,14 @@ resumable encoding, streaming to several hosts, resuming exactly together with a
 
 Every file is made here: shapes images from `dalle_nb.shapes`, photos bundled with scikit-image. The shipped model's
 VQGAN (64 × 64 → 8 × 8 codes) encodes; pytest runs with 8 fake CPU devices (conftest), so encoding is sharded."""
-import io, json, os, shutil, subprocess, sys, tarfile
+import io, json, shutil, subprocess, sys, tarfile
 from pathlib import Path
 import numpy as np
 import pytest
 import jax, jax.numpy as jnp
 import pyarrow as pa, pyarrow.parquet as pq
 from PIL import Image
+from conftest import one_device_env
 from flax import nnx
 
 from dalle_nb.dataset import (encode_to_shards, open_source, decode_image, read_shard, shard_tokens, shard_files, TokenLoader,
@@ -277,8 +278,7 @@ def test_bad_shards_are_named(models, tmp_path):
 
 
 def run_cli(*args, cwd):
-    env = {**os.environ, "DALLE_NB_CACHE": str(Path(cwd) / ".cache")}
-    env.pop("XLA_FLAGS", None)
+    env = one_device_env(DALLE_NB_CACHE=str(Path(cwd) / ".cache"))
     return subprocess.run([EXE, *args], capture_output=True, text=True, timeout=600, cwd=cwd, env=env)
 
 

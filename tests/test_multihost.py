@@ -5,9 +5,10 @@ Only the BART stage trains (a micro model directory with the other stages' model
 compiles one train step. Checked: both processes see the same global losses, equal to the 1-process run's; only
 process 0 writes the history and the model directory; the checkpoint holds shards written by both processes.
 """
-import json, os, shutil, socket, subprocess, sys
+import json, shutil, socket, subprocess, sys
 from pathlib import Path
 import pytest
+from conftest import one_device_env
 
 EXE = shutil.which("dalle-nb") or str(Path(sys.executable).with_name("dalle-nb"))
 
@@ -48,7 +49,7 @@ def free_port() -> int:
 
 
 def launch(workdir: Path, devices: int, extra=(), cache=None):
-    env = {**os.environ, "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}", "JAX_PLATFORMS": "cpu",
+    env = {**one_device_env(devices), "JAX_PLATFORMS": "cpu",
            "DALLE_NB_CACHE": str(cache or workdir / ".cache")}
     args = [EXE, "train", "--workdir", str(workdir), "--stages", "bart", "--mesh", "dp=4", "--quiet",
             *(a for s in SETS for a in ("--set", s)), *extra]

@@ -6,6 +6,7 @@ Cells flagged `#| slow`, `#| gpu` or `#| tpu` are skipped (see `tst_flags` in py
 import os, shutil, subprocess, sys
 from pathlib import Path
 import pytest
+from conftest import one_device_env
 
 ROOT = Path(__file__).resolve().parents[1]
 NBS = sorted(p for p in (ROOT / "nbs").glob("*.ipynb") if not p.name.startswith(("_", ".")))
@@ -20,8 +21,7 @@ def _nbdev_test():
 def test_notebook(nb):
     cmd = [_nbdev_test(), str(nb.relative_to(ROOT))]
     if flags := os.environ.get("DALLE_NB_TEST_FLAGS"): cmd += ["--flags", flags]
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    env.pop("XLA_FLAGS", None)   # notebooks choose their own device count
+    env = one_device_env(PYTHONUNBUFFERED="1")   # notebooks choose their own device count
     r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=1500, env=env)
     assert r.returncode == 0, f"{nb.name} failed:\n{r.stdout[-6000:]}\n{r.stderr[-6000:]}"
 

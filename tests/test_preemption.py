@@ -7,6 +7,7 @@ this file is also the child (`python tests/test_preemption.py WORKDIR MODE OUT`)
 """
 import json, os, signal, subprocess, sys, threading, time
 from pathlib import Path
+from conftest import one_device_env
 
 HERE = Path(__file__).resolve()
 STEPS, CKPT_EVERY = 12, 3
@@ -61,7 +62,7 @@ def child(workdir: str, mode: str, out: str):
 
 
 def run(workdir, mode, out):
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2", "JAX_PLATFORMS": "cpu",
+    env = {**one_device_env(2), "JAX_PLATFORMS": "cpu",
            "JAX_COMPILATION_CACHE_DIR": str(Path(workdir).parent / "jax-cache"),     # compile once for all the runs
            "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0"}
     return subprocess.run([sys.executable, str(HERE), str(workdir), mode, str(out)], capture_output=True, text=True,

@@ -106,7 +106,7 @@ def lab(tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JUPYTER_PATH", "JUPYTER_CONFIG_PATH")}
     env.update(JUPYTER_CONFIG_DIR=str(home / "config"), JUPYTER_DATA_DIR=str(home / "data"),
                JUPYTER_RUNTIME_DIR=str(home / "runtime"), IPYTHONDIR=str(home / "ipython"),
-               JUPYTER_PLATFORM_DIRS="1", JAX_PLATFORMS="cpu", PYTHONUNBUFFERED="1",
+               JUPYTER_PLATFORM_DIRS="1", JAX_PLATFORMS="cpu", XLA_FLAGS=os.environ["DALLE_NB_TEST_XLA_FLAGS"], PYTHONUNBUFFERED="1",
                PATH=os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")]))
     # Front-end plugins that would reach the network or put a toast over the page.
     (home / "config" / "labconfig").mkdir(parents=True)
