@@ -12,8 +12,9 @@ import pyarrow as pa, pyarrow.parquet as pq
 from PIL import Image
 from flax import nnx
 
-from dalle_nb.dataset import (encode_to_shards, open_source, decode_image, read_shard, shard_tokens, shard_files, TokenLoader,
+from dalle_nb.dataset import (encode_to_shards, open_source, decode_image, read_shard, shard_tokens, shard_files,
                               ShardedEncoder, ShardError, EncodeError, MANIFEST)
+from dalle_nb.stream import TokenLoader
 from dalle_nb.shapes import make_split
 from dalle_nb.vqgan import psnr
 
