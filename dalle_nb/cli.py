@@ -117,7 +117,8 @@ def cmd_convert(a) -> int:
         raise UsageError("--from dalle-mini needs --vqgan DIR: dalle-mini keeps its VQGAN (flax_model.msgpack + config.json) in its own folder")
     out = Path(a.out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())): raise UsageError(f"--out {out} exists and is not an empty directory; choose a new one")
-    from dalle_nb.convert import convert, ConvertError
+    from dalle_nb.convert import ConvertError
+    from dalle_nb.published import convert
     t0 = time.perf_counter()
     try: path = convert(a.source, a.dir, out, vqgan=a.vqgan, clip=a.clip, dtype=a.dtype, heads=a.heads)
     except ConvertError as e: raise UsageError(" | ".join(line.strip() for line in str(e).splitlines())) from None
