@@ -42,7 +42,8 @@ def main(argv=None):
     from dalle_nb.modeldir import load_models
     from dalle_nb.shapes import make_split
     from dalle_nb.text import TextEncoder
-    from dalle_nb.dataset import encode_to_shards, TokenLoader, ShardedEncoder
+    from dalle_nb.dataset import encode_to_shards, ShardedEncoder
+    from dalle_nb.stream import TokenLoader
 
     out = Path(a.out); out.mkdir(parents=True, exist_ok=True)
     models = load_models(a.model)

@@ -20,7 +20,8 @@ import numpy as np
 import jax.numpy as jnp
 
 from dalle_nb.config import BartConfig, F16_VQGAN
-from dalle_nb.convert import read_torch, bart_from_min_dalle, vqgan_from_min_dalle, build_model, load_clip
+from dalle_nb.convert import read_torch, bart_from_min_dalle, vqgan_from_min_dalle, build_model
+from dalle_nb.published import load_clip
 from dalle_nb.bart import DalleBart, text_mask
 from dalle_nb.vqgan import VQGAN
 from dalle_nb.sample import supercondition, generate, row_keys

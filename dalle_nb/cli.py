@@ -1,4 +1,4 @@
-"""`dalle-nb generate`, `train`, `info`, `encode`, `convert` and `pod`: the same pipeline, training and pod code the notebooks use, from a shell.
+"""`dalle-nb generate`, `train`, `info`, `encode`, `convert` and `pod`: the same pipeline, training and pod code the notebooks use, from a shell (the `pod` commands' parser is [11a_cli_pod](11a_cli_pod.ipynb)).
 
 Docs: https://dalle-nb.github.io/dalle_nb/cli.html.md"""
 
@@ -8,10 +8,10 @@ Docs: https://dalle-nb.github.io/dalle_nb/cli.html.md"""
 from __future__ import annotations
 import argparse, contextlib, os, signal, sys, threading, time, warnings
 from pathlib import Path
+from .cli_pod import add_pod_commands        # `dalle-nb pod …` (11a_cli_pod)
 
 # %% auto #0
-__all__ = ['UsageError', 'cmd_train', 'cmd_info', 'cmd_encode', 'cmd_convert', 'cmd_generate', 'add_pod_commands', 'build_parser',
-           'main']
+__all__ = ['UsageError', 'cmd_train', 'cmd_info', 'cmd_encode', 'cmd_convert', 'cmd_generate', 'build_parser', 'main']
 
 # %% ../nbs/11_cli.ipynb #66f096ee
 class UsageError(Exception):
@@ -117,7 +117,8 @@ def cmd_convert(a) -> int:
         raise UsageError("--from dalle-mini needs --vqgan DIR: dalle-mini keeps its VQGAN (flax_model.msgpack + config.json) in its own folder")
     out = Path(a.out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())): raise UsageError(f"--out {out} exists and is not an empty directory; choose a new one")
-    from dalle_nb.convert import convert, ConvertError
+    from dalle_nb.convert import ConvertError
+    from dalle_nb.published import convert
     t0 = time.perf_counter()
     try: path = convert(a.source, a.dir, out, vqgan=a.vqgan, clip=a.clip, dtype=a.dtype, heads=a.heads)
     except ConvertError as e: raise UsageError(" | ".join(line.strip() for line in str(e).splitlines())) from None
@@ -288,174 +289,6 @@ def _regenerate(a) -> int:
     print(f"regenerated {paths[0].name} ({rec['prompt']!r}, seed {rec['seed']}, candidate {rec['index']})"
           f"{': the same tokens as recorded' if same else ''} in {Path(a.out).resolve()}")
     return 0
-
-# %% ../nbs/11_cli.ipynb #aeed16f8
-from .pod import (PodError, PodSpec, TrainJob, TPUPod, DryRun, Shell, LocalPod, RUNS_DIR, build_wheel, watch,
-                          worker_start, worker_stop, worker_status)
-
-def _pod_args(p, name=True):
-    "The flags every pod command shares: the pod's name, zone, project, `--dry-run`."
-    if name: p.add_argument("name", help="the TPU VM (pod) name")
-    p.add_argument("--zone", default="europe-west4-a")
-    p.add_argument("--project", default=None)
-    p.add_argument("--dry-run", action="store_true", help="print the commands instead of running them")
-
-def _job_args(p):
-    "The flags that describe a training run (`launch`, `watch`)."
-    p.add_argument("--run", required=True, help="run name (logs on each worker: ~/dalle_nb_runs/RUN.log)")
-    p.add_argument("--workdir", required=True, help="shared work directory, or gs://bucket/path (mounted by setup)")
-    p.add_argument("--preset", default="mega")
-    p.add_argument("--stages", default="bart")
-    p.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE")
-    p.add_argument("--data", action="append", default=[], metavar="DIR", help="token shards for the bart stage (repeatable)")
-    p.add_argument("--mesh", default=None)
-    p.add_argument("--optimizer", default=None)
-    p.add_argument("--env", action="append", default=[], metavar="NAME=VALUE", help="environment variable for the training processes")
-
-# %% ../nbs/11_cli.ipynb #32d12541
-def _spec(a, **kw) -> PodSpec:
-    "The `PodSpec` the flags name."
-    return PodSpec(a.name, zone=a.zone, project=a.project, **kw)
-
-def _job(a) -> TrainJob:
-    "The `TrainJob` the flags describe (`--env NAME=VALUE` checked)."
-    env = []
-    for e in a.env:
-        k, eq, v = e.partition("=")
-        if not eq: raise PodError(f"--env {e!r}: expected NAME=VALUE")
-        env.append((k, v))
-    return TrainJob(a.run, a.workdir, preset=a.preset, stages=tuple(s for s in a.stages.split(",") if s), sets=tuple(a.set),
-                    data=tuple(a.data), mesh=a.mesh, optimizer=a.optimizer, env=tuple(env))
-
-def _runner(a):
-    "`DryRun` (print) with `--dry-run`, else `Shell` (run)."
-    return DryRun() if a.dry_run else Shell()
-
-def _wheel(a):
-    "The wheel to install: `--wheel`, or one built from this checkout."
-    if a.wheel: return a.wheel
-    return build_wheel(a.wheel_dir, runner=_runner(a))
-
-# %% ../nbs/11_cli.ipynb #09053ae0
-def _cmd_fit(a) -> int:
-    "`dalle-nb pod fit`: the fit check's table (and `--json`); status 1 when the step does not fit."
-    import json
-    from dalle_nb.config import get_config
-    from dalle_nb.fitcheck import fit_check
-    cfg = get_config(a.preset, a.set)
-    rep = fit_check(cfg, a.topology, a.mesh, per_replica=a.per_replica, accum=a.accum, remat=a.remat, scan=not a.no_scan,
-                    dtype=a.dtype, param_dtype=a.param_dtype, optimizer=a.optimizer, layers=a.layers, hbm_gib=a.hbm_gib)
-    print(rep.table())
-    if a.json:
-        Path(a.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(a.json).write_text(json.dumps(rep.to_json(), indent=1))
-    return 0 if rep.fits else 1
-
-def _cmd_launch(a, pod) -> int:
-    "`dalle-nb pod launch`: on the pod, or with `--local N` as N processes here (`--wait`: their exit status)."
-    if not a.local: return pod.launch(_job(a)).returncode
-    lp = LocalPod(a.local_dir, processes=a.local, devices=a.devices, dry_run=a.dry_run)
-    lp.launch(_job(a))
-    if a.wait and not a.dry_run:
-        st = lp.wait(a.run, timeout=a.timeout)
-        print(" ".join(st)); return 0 if all(s == "exit 0" for s in st) else 1
-    return 0
-
-# %% ../nbs/11_cli.ipynb #bba6523d
-def _cmd(a) -> int:
-    "Run the `dalle-nb pod` subcommand `a.pod_command`."
-    c = a.pod_command
-    if c == "worker-start": print(worker_start(a.run, a.argv, a.dir)); return 0
-    if c == "worker-stop": print(worker_stop(a.run, a.dir, a.grace)); return 0
-    if c == "worker-status": print(worker_status(a.run, a.dir)); return 0
-    if c == "fit": return _cmd_fit(a)
-    if c == "list":
-        pod = TPUPod(PodSpec("list", zone=a.zone, project=a.project), _runner(a))
-        for r in pod.list(): print(f"{r['name']:30s} {r['state']:12s} {r['accelerator']}")
-        return 0
-    if c == "create": return TPUPod(_spec(a, accelerator=a.accelerator, version=a.version, provisioning=a.provisioning), _runner(a)).create().returncode
-    pod = TPUPod(_spec(a), _runner(a))
-    if c == "setup": return pod.setup(_wheel(a), a.mount).returncode
-    if c == "launch": return _cmd_launch(a, pod)
-    if c == "logs": return pod.logs(a.run, worker=a.worker if a.worker == "all" else int(a.worker), lines=a.lines, follow=not a.no_follow).returncode
-    if c == "stop": return pod.stop(a.run).returncode
-    if c == "delete": return pod.delete().returncode
-    if c == "watch":
-        job = _job(a)
-        spec = _spec(a, accelerator=a.accelerator, version=a.version, provisioning=a.provisioning)
-        pod = TPUPod(spec, _runner(a))
-        out = watch(pod, job, _wheel(a), max_restarts=a.max_restarts, poll=a.poll)
-        print(f"watch: {out}")
-        return 0 if out in ("done", "dry run") else 1
-    raise PodError(f"unknown pod command {c!r}")
-
-# %% ../nbs/11_cli.ipynb #178f0a3f
-def _create_args(p):
-    "The flags of a new pod (`create`, `watch`)."
-    p.add_argument("--accelerator", default="v3-256"); p.add_argument("--version", default="tpu-ubuntu2204-base")
-    p.add_argument("--provisioning", choices=("spot", "preemptible", "standard"), default="spot")
-
-def _wheel_args(p):
-    "The flags of the wheel `setup` installs (`setup`, `watch`)."
-    p.add_argument("--wheel", default=None, help="dalle_nb wheel to install (default: build one from this checkout)")
-    p.add_argument("--wheel-dir", default="dist", help="where to build the wheel (default dist/)")
-
-def _add_pod_lifecycle(ps):
-    "`pod create|setup|launch|logs|list|stop|delete|watch`."
-    p = ps.add_parser("create", help="create a TPU VM pod"); _pod_args(p); _create_args(p)
-    p = ps.add_parser("setup", help="install this package (and mount GCS buckets) on every worker"); _pod_args(p); _wheel_args(p)
-    p.add_argument("--mount", action="append", default=[], metavar="BUCKET", help="GCS bucket to mount at /mnt/gcs/BUCKET (repeatable)")
-    p = ps.add_parser("launch", help="start `dalle-nb train` on every worker"); _pod_args(p); _job_args(p)
-    p.add_argument("--local", type=int, default=0, metavar="N", help="instead: N processes on this machine (jax.distributed, CPU devices)")
-    p.add_argument("--devices", type=int, default=2, help="--local: fake CPU devices per process")
-    p.add_argument("--local-dir", default="runs/local-pod", help="--local: where each process keeps its log")
-    p.add_argument("--wait", action="store_true", help="--local: wait for the processes; exit 1 unless all succeed")
-    p.add_argument("--timeout", type=float, default=3600)
-    p = ps.add_parser("logs", help="stream a run's log from a worker"); _pod_args(p)
-    p.add_argument("--run", required=True); p.add_argument("--worker", default="0"); p.add_argument("--lines", type=int, default=100)
-    p.add_argument("--no-follow", action="store_true")
-    p = ps.add_parser("list", help="list the TPU VMs of a zone"); _pod_args(p, name=False)
-    p = ps.add_parser("stop", help="stop a run on every worker (the pod stays)"); _pod_args(p); p.add_argument("--run", required=True)
-    p = ps.add_parser("delete", help="delete the pod"); _pod_args(p)
-    p = ps.add_parser("watch", help="keep a run going: recreate + relaunch after preemption"); _pod_args(p); _job_args(p); _create_args(p); _wheel_args(p)
-    p.add_argument("--max-restarts", type=int, default=10); p.add_argument("--poll", type=float, default=300)
-
-# %% ../nbs/11_cli.ipynb #4b17a895
-def _add_pod_fit(ps):
-    "`pod fit`: the ahead-of-time fit check's flags."
-    p = ps.add_parser("fit", help="AOT-compile the train step for a TPU topology; exit 1 if it does not fit in HBM")
-    p.add_argument("--preset", default="mega"); p.add_argument("--topology", default="v3:8x16")
-    p.add_argument("--mesh", default=None, help="layout (default: the preset's bart_train.mesh)")
-    p.add_argument("--per-replica", type=int, default=None, help="samples per model replica per accumulation step (default: bart_train.batch_size)")
-    p.add_argument("--accum", type=int, default=None, help="accumulation steps (default: bart_train.grad_accum)")
-    p.add_argument("--remat", choices=("full", "none"), default="full"); p.add_argument("--no-scan", action="store_true")
-    p.add_argument("--dtype", default=None); p.add_argument("--param-dtype", default=None); p.add_argument("--optimizer", default=None)
-    p.add_argument("--layers", type=int, default=None, help="encoder and decoder layers (to learn the cost of a compile)")
-    p.add_argument("--hbm-gib", type=float, default=None); p.add_argument("--set", action="append", default=[])
-    p.add_argument("--json", default=None, help="also write the report as JSON here")
-
-def _add_worker_commands(ps):
-    "`pod worker-start|worker-stop|worker-status`: what `launch`, `stop` and `watch` run on the workers."
-    for name, what in (("worker-start", "start a run detached (launch runs this on every worker)"),
-                       ("worker-stop", "stop a run (stop runs this on every worker)"),
-                       ("worker-status", "running / exit N / absent (watch asks worker 0)")):
-        p = ps.add_parser(name, help=f"on a worker: {what}")
-        p.add_argument("--run", required=True); p.add_argument("--dir", default=f"~/{RUNS_DIR}")
-        if name == "worker-start": p.add_argument("argv", nargs="+")
-        if name == "worker-stop": p.add_argument("--grace", type=float, default=30)
-
-# %% ../nbs/11_cli.ipynb #d5fd27a1
-def add_pod_commands(sub, usage_error=PodError):
-    "Add `dalle-nb pod …` to an argparse subparsers object; errors become `usage_error` (the CLI's one-line errors)."
-    pod = sub.add_parser("pod", help="TPU pod jobs: create, setup, launch, logs, list, stop, delete, watch; fit (AOT memory check)")
-    ps = pod.add_subparsers(dest="pod_command", required=True)
-    _add_pod_lifecycle(ps); _add_pod_fit(ps); _add_worker_commands(ps)
-    def run(a):
-        try: return _cmd(a)
-        except PodError as e: raise usage_error(str(e)) from None
-        except ValueError as e: raise usage_error(str(e)) from None
-    pod.set_defaults(func=run)
-    return pod
 
 # %% ../nbs/11_cli.ipynb #344b6754
 def _add_generate(sub):

@@ -6,251 +6,16 @@ Docs: https://dalle-nb.github.io/dalle_nb/config.html.md"""
 
 # %% ../nbs/00_config.ipynb #f1030f19
 from __future__ import annotations
-import dataclasses, json, math, re
+import dataclasses, json, re
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any
 from fastcore.basics import patch
+from .model_configs import (LN_TYPES, LN_POSITIONS, TEXT_NORMALIZERS, RECON_LOSSES, ATTN_KINDS, VQGANConfig, BartConfig,
+                                    CLIPConfig, DVAEConfig, DalleConfig, F16_VQGAN, CLIP_VIT_B32, PAPER_DVAE)   # 00a: one config per model
 
 # %% auto #0
-__all__ = ['LN_TYPES', 'LN_POSITIONS', 'TEXT_NORMALIZERS', 'RECON_LOSSES', 'ATTN_KINDS', 'ARCHS', 'IMAGE_TOKENIZERS', 'PRESETS',
-           'F16_VQGAN', 'CLIP_VIT_B32', 'PAPER_DVAE', 'VQGANConfig', 'BartConfig', 'CLIPConfig', 'DVAEConfig',
-           'DalleConfig', 'parse_mesh', 'DataConfig', 'StageConfig', 'SampleConfig', 'RunConfig', 'to_dict',
-           'from_dict', 'override', 'save_config', 'load_config', 'get_config']
-
-# %% ../nbs/00_config.ipynb #a045164a
-@dataclass(frozen=True)
-class VQGANConfig:
-    "Sizes of a taming-transformers style VQGAN (encoder, quantiser, decoder)."
-    resolution: int = 64              # input/output image side, pixels
-    in_channels: int = 3
-    patch: int = 1                    # space-to-depth factor applied before the first conv (1 = taming's layout)
-    ch: int = 32                      # base channel count
-    ch_mult: tuple = (1, 2, 2, 4)     # channel multiplier per resolution level
-    num_res_blocks: int = 1           # residual blocks per level (decoder uses one more)
-    attn_resolutions: tuple = (8,)    # feature-map sides that get self-attention
-    z_channels: int = 64              # encoder output channels
-    embed_dim: int = 32               # codebook vector size
-    n_embed: int = 512                # codebook size
-    norm_groups: int = 8              # GroupNorm groups (32 in the published model)
-    norm_eps: float = 1e-6
-    beta: float = 0.25                # commitment loss weight
-    restart_until: int = -200         # training: dead codes re-seeded every 100 steps before this step (negative: counted back from the last)
-    signed_input: bool = True         # encoder reads images mapped to [-1, 1]; False: [0, 1], as dalle-mini encoded its data
-    decoder_only: bool = False        # no encoder / quant_conv (min-dalle ships only the decoder, `detoker.pt`)
-    color_codes: int = 0              # > 0: factored tokens, per patch an outline code (of n_embed) then a colour code (of these)
-    dtype: str = "float32"
-
-    def __post_init__(self):
-        if self.color_codes < 0: raise ValueError(f"VQGANConfig: color_codes must be >= 0, got {self.color_codes}")
-        if self.resolution % self.factor: raise ValueError(f"VQGANConfig: resolution {self.resolution} is not divisible by the downsampling factor {self.factor}")
-        for c in {self.ch * m for m in self.ch_mult} | {self.z_channels}:
-            if c % self.norm_groups: raise ValueError(f"VQGANConfig: {c} channels are not divisible by norm_groups={self.norm_groups}")
-
-    @property
-    def factor(self) -> int: return self.patch * 2 ** (len(self.ch_mult) - 1)
-    @property
-    def grid(self) -> int: return self.resolution // self.factor
-    @property
-    def factored(self) -> bool: return self.color_codes > 0
-    @property
-    def n_tokens(self) -> int: return self.grid ** 2 * (2 if self.factored else 1)
-    @property
-    def n_codes(self) -> int: return self.n_embed + self.color_codes
-
-# %% ../nbs/00_config.ipynb #a72f270f
-LN_TYPES = ("layernorm", "rmsnorm")
-LN_POSITIONS = ("normformer", "preln", "postln")
-TEXT_NORMALIZERS = ("dalle_nb", "dalle_mini", "none")   # see dalle_nb.text: this package's rules, dalle-mini's, none
-
-@dataclass(frozen=True)
-class BartConfig:
-    "Sizes and options of DALL·E's BART encoder–decoder."
-    text_vocab: int = 512             # text tokenizer vocabulary
-    image_codes: int = 512            # VQGAN codebook size: sampled ids are < image_codes
-    image_vocab: int = 512            # decoder vocabulary (>= image_codes); tables have image_vocab+1 rows (BOS)
-    max_text_len: int = 24            # encoder positions
-    image_len: int = 64               # decoder positions = image tokens per image
-    d_model: int = 192
-    encoder_layers: int = 3
-    decoder_layers: int = 4
-    heads: int = 6
-    glu_dim: int = 384                # GLU hidden size
-    ln_type: str = "layernorm"        # layernorm | rmsnorm
-    ln_positions: str = "normformer"  # normformer | preln | postln
-    ln_eps: float = 1e-5
-    use_bias: bool = False
-    init_std: float = 0.01
-    pad_id: int = 1                   # text padding id
-    text_normalizer: str = "dalle_nb"  # caption cleaning the model was trained with: dalle_nb | dalle_mini | none
-    scan_layers: bool = True          # stack layers and run them with nnx.scan
-    remat: str = "none"               # none | full  (gradient checkpointing per layer)
-    dtype: str = "float32"            # compute dtype (bfloat16 on accelerators)
-    param_dtype: str = "float32"
-
-    def __post_init__(self):
-        if self.d_model % self.heads: raise ValueError(f"BartConfig: d_model={self.d_model} is not divisible by heads={self.heads}")
-        if self.image_vocab < self.image_codes: raise ValueError(f"BartConfig: image_vocab={self.image_vocab} < image_codes={self.image_codes}")
-        if self.ln_type not in LN_TYPES: raise ValueError(f"BartConfig: ln_type must be one of {LN_TYPES}, got {self.ln_type!r}")
-        if self.ln_positions not in LN_POSITIONS: raise ValueError(f"BartConfig: ln_positions must be one of {LN_POSITIONS}, got {self.ln_positions!r}")
-        if self.remat not in ("none", "full"): raise ValueError(f"BartConfig: remat must be 'none' or 'full', got {self.remat!r}")
-        if self.text_normalizer not in TEXT_NORMALIZERS: raise ValueError(f"BartConfig: text_normalizer must be one of {TEXT_NORMALIZERS}, got {self.text_normalizer!r}")
-
-# %% ../nbs/00_config.ipynb #ca2e322e
-@patch(as_prop=True)
-def bos_id(self: BartConfig) -> int:
-    "The id fed to the decoder before the first image token: `image_codes`."
-    return self.image_codes
-
-@patch(as_prop=True)
-def head_dim(self: BartConfig) -> int:
-    "Width of one attention head."
-    return self.d_model // self.heads
-
-# %% ../nbs/00_config.ipynb #0413af5c
-@dataclass(frozen=True)
-class CLIPConfig:
-    "Sizes of a CLIP text/image dual encoder (ViT image tower, causal text tower)."
-    embed_dim: int = 64               # shared embedding size
-    image_size: int = 64
-    patch_size: int = 8
-    vision_width: int = 128
-    vision_layers: int = 3
-    vision_heads: int = 4
-    vision_mlp: int = 256
-    text_vocab: int = 512
-    text_len: int = 24
-    text_width: int = 128
-    text_layers: int = 3
-    text_heads: int = 4
-    text_mlp: int = 256
-    act: str = "quick_gelu"           # quick_gelu (OpenAI) | gelu
-    ln_eps: float = 1e-5
-    pad_id: int = 1
-    eos_id: int = 2
-    logit_scale_init: float = 2.6592  # ln(1/0.07)
-    dtype: str = "float32"
-
-    def __post_init__(self):
-        if self.image_size % self.patch_size: raise ValueError(f"CLIPConfig: image_size={self.image_size} not divisible by patch_size={self.patch_size}")
-        for w, h, n in ((self.vision_width, self.vision_heads, "vision"), (self.text_width, self.text_heads, "text")):
-            if w % h: raise ValueError(f"CLIPConfig: {n}_width={w} not divisible by {n}_heads={h}")
-
-    @property
-    def n_patches(self) -> int: return (self.image_size // self.patch_size) ** 2
-
-# %% ../nbs/00_config.ipynb #8d2cb3d9
-RECON_LOSSES = ("logit_laplace", "mse")
-
-@dataclass(frozen=True)
-class DVAEConfig:
-    "Sizes and relaxation schedules of DALL·E's discrete VAE (openai/DALL-E's layout)."
-    resolution: int = 64              # input/output image side, pixels
-    in_channels: int = 3
-    patch: int = 4                    # space-to-depth factor before the first conv (paper 1)
-    n_hid: int = 32                   # base width: group g has n_hid * 2**g channels (paper 256)
-    group_count: int = 2              # resolution groups; downsampling factor patch * 2**(group_count-1) (paper 4)
-    n_blk_per_group: int = 1          # residual blocks per group (paper 2)
-    n_init: int = 64                  # decoder width after its 1×1 input convolution (paper 128)
-    vocab_size: int = 1024            # codes per grid position (paper 8192)
-    recon: str = "logit_laplace"      # logit_laplace (the paper's) | mse
-    logit_laplace_eps: float = 0.1    # pixels are squeezed into [eps, 1-eps] before the logit-Laplace likelihood
-    tau_start: float = 1.0            # Gumbel-softmax temperature at step 0 ...
-    tau_end: float = 1 / 16           # ... annealed (cosine) to this (the paper's 1/16)
-    tau_steps: int = 1000             # ... over this many steps (paper 150,000)
-    kl_weight: float = 6.6            # β after warm-up (the paper's 6.6)
-    kl_warmup_steps: int = 500        # β rises (cosine) from 0 over this many steps (paper 5,000)
-    usage_weight: float = 0.0         # w · KL(codes' average posterior over batch and grid ‖ uniform); not in the paper (0)
-    dtype: str = "float32"
-
-    def __post_init__(self):
-        if self.recon not in RECON_LOSSES: raise ValueError(f"DVAEConfig: recon must be one of {RECON_LOSSES}, got {self.recon!r}")
-        if self.group_count < 1 or self.n_blk_per_group < 1: raise ValueError("DVAEConfig: group_count >= 1 and n_blk_per_group >= 1 are required")
-        if self.resolution % self.factor: raise ValueError(f"DVAEConfig: resolution {self.resolution} is not divisible by the downsampling factor {self.factor}")
-        if self.n_hid % 4 or self.n_init % 4: raise ValueError(f"DVAEConfig: n_hid={self.n_hid} and n_init={self.n_init} must be multiples of 4 (blocks are n_out/4 wide inside)")
-        if not 0 < self.logit_laplace_eps < 0.5: raise ValueError(f"DVAEConfig: logit_laplace_eps={self.logit_laplace_eps} is not in (0, 0.5)")
-        if not 0 < self.tau_end <= self.tau_start: raise ValueError(f"DVAEConfig: need 0 < tau_end <= tau_start, got {self.tau_end}, {self.tau_start}")
-        if self.kl_weight < 0 or self.usage_weight < 0: raise ValueError(f"DVAEConfig: kl_weight={self.kl_weight} and usage_weight={self.usage_weight} must be >= 0")
-
-# %% ../nbs/00_config.ipynb #15138523
-@patch(as_prop=True)
-def factor(self: DVAEConfig) -> int:
-    "Downsampling factor: the patch folding times one halving per group after the first."
-    return self.patch * 2 ** (self.group_count - 1)
-
-@patch(as_prop=True)
-def grid(self: DVAEConfig) -> int:
-    "Codes per side."
-    return self.resolution // self.factor
-
-@patch(as_prop=True)
-def n_tokens(self: DVAEConfig) -> int:
-    "Codes per image."
-    return self.grid ** 2
-
-@patch(as_prop=True)
-def n_embed(self: DVAEConfig) -> int:
-    "Codebook size (`vocab_size`), under the VQGAN's name."
-    return self.vocab_size
-
-@patch(as_prop=True)
-def n_codes(self: DVAEConfig) -> int:
-    "Ids a transformer over these codes must predict (`vocab_size`)."
-    return self.vocab_size
-
-# %% ../nbs/00_config.ipynb #433dccb5
-ATTN_KINDS = ("row", "column", "conv", "full")
-
-@dataclass(frozen=True)
-class DalleConfig:
-    "Sizes and options of the DALL·E paper's decoder-only sparse transformer (text then image tokens)."
-    text_vocab: int = 512             # text tokenizer vocabulary (paper 16384)
-    text_len: int = 24                # text positions (paper 256); each has its own learned padding token
-    image_codes: int = 1024           # image tokenizer codes (paper 8192)
-    image_grid: int = 8               # image tokens per side (paper 32)
-    d_model: int = 128                # (paper 3968)
-    layers: int = 6                   # (paper 64)
-    heads: int = 4                    # (paper 62)
-    mlp_mult: int = 4                 # feed-forward width = mlp_mult * d_model
-    attn_types: str = ""              # comma-separated per-layer kinds (row|column|conv|full); "" = the paper's rule
-    conv_kernel: int = 5              # side of the convolutional attention window (paper 11)
-    text_loss_weight: float = 0.125   # image tokens get 1 - this (the paper's 1/8 and 7/8)
-    init_std: float = 0.02
-    ln_eps: float = 1e-5
-    pad_id: int = 1                   # the tokenizer's padding id (replaced by per-position padding tokens)
-    dtype: str = "float32"            # compute dtype
-    param_dtype: str = "float32"
-
-    def __post_init__(self):
-        if self.d_model % self.heads: raise ValueError(f"DalleConfig: d_model={self.d_model} is not divisible by heads={self.heads}")
-        if self.conv_kernel < 1 or self.conv_kernel % 2 == 0: raise ValueError(f"DalleConfig: conv_kernel must be odd and positive, got {self.conv_kernel}")
-        if not 0 <= self.text_loss_weight <= 1: raise ValueError(f"DalleConfig: text_loss_weight={self.text_loss_weight} is not in [0, 1]")
-        kinds = self.layer_kinds
-        bad = [k for k in kinds if k not in ATTN_KINDS]
-        if bad: raise ValueError(f"DalleConfig: unknown attention kind(s) {bad}; choose from {ATTN_KINDS}")
-        if len(kinds) != self.layers: raise ValueError(f"DalleConfig: attn_types lists {len(kinds)} kinds for {self.layers} layers")
-
-# %% ../nbs/00_config.ipynb #f216c8bf
-@patch(as_prop=True)
-def layer_kinds(self: DalleConfig) -> tuple:
-    "The attention kind of each layer: `attn_types`, or the paper's rule."
-    if self.attn_types.strip(): return tuple(k.strip() for k in self.attn_types.split(","))
-    return tuple("conv" if i == self.layers else "column" if (i - 2) % 4 == 0 else "row" for i in range(1, self.layers + 1))
-
-@patch(as_prop=True)
-def image_len(self: DalleConfig) -> int:
-    "Image tokens per image."
-    return self.image_grid ** 2
-
-@patch(as_prop=True)
-def seq_len(self: DalleConfig) -> int:
-    "Text then image positions."
-    return self.text_len + self.image_len
-
-@patch(as_prop=True)
-def head_dim(self: DalleConfig) -> int:
-    "Width of one attention head."
-    return self.d_model // self.heads
+__all__ = ['ARCHS', 'IMAGE_TOKENIZERS', 'PRESETS', 'parse_mesh', 'DataConfig', 'StageConfig', 'SampleConfig', 'RunConfig',
+           'to_dict', 'from_dict', 'override', 'save_config', 'load_config', 'get_config']
 
 # %% ../nbs/00_config.ipynb #30ccaa3a
 def parse_mesh(spec: str) -> dict:
@@ -519,12 +284,6 @@ def _shapes():
 PRESETS["shapes"] = _shapes
 
 # %% ../nbs/00_config.ipynb #662a7d00
-F16_VQGAN = VQGANConfig(resolution=256, ch=128, ch_mult=(1, 1, 2, 2, 4), num_res_blocks=2, attn_resolutions=(16,),
-                        z_channels=256, embed_dim=256, n_embed=16384, norm_groups=32, norm_eps=1e-6, signed_input=False)
-CLIP_VIT_B32 = CLIPConfig(embed_dim=512, image_size=224, patch_size=32, vision_width=768, vision_layers=12, vision_heads=12,
-                          vision_mlp=3072, text_vocab=49408, text_len=77, text_width=512, text_layers=12, text_heads=8,
-                          text_mlp=2048, act="quick_gelu", pad_id=49407, eos_id=49407)
-
 def _published(name, d, layers, heads, glu, text_vocab, image_vocab):
     "A published size (DALL·E Mini or Mega): f16 VQGAN, DalleBart this wide, CLIP ViT-B/32, Mega's training recipe."
     bart = BartConfig(text_vocab=text_vocab, image_codes=16384, image_vocab=image_vocab, max_text_len=64, image_len=256,
@@ -541,9 +300,6 @@ PRESETS["mini"] = lambda: _published("mini", 1024, 12, 16, 2730, 50264, 16384)
 PRESETS["mega"] = lambda: _published("mega", 2048, 24, 32, 4096, 50272, 16415)
 
 # %% ../nbs/00_config.ipynb #fd666a9a
-PAPER_DVAE = DVAEConfig(resolution=256, patch=1, n_hid=256, group_count=4, n_blk_per_group=2, n_init=128, vocab_size=8192,
-                        tau_steps=150_000, kl_warmup_steps=5_000)
-
 def _paper_dalle():
     "The DALL·E paper's system: dVAE (32×32 of 8192 codes) + 64-layer sparse transformer (≈12B parameters)."
     dalle = DalleConfig(text_vocab=16384, text_len=256, image_codes=8192, image_grid=32, d_model=3968, layers=64, heads=62,

@@ -6,31 +6,28 @@ Docs: https://dalle-nb.github.io/dalle_nb/convert.html.md"""
 
 # %% ../nbs/09a_convert.ipynb #937ab091
 from __future__ import annotations
-import json, re, datetime, functools
+import json, re, functools
 from dataclasses import replace
 from pathlib import Path
 import numpy as np
 import jax, jax.numpy as jnp
 from flax import nnx, serialization, traverse_util
-from .config import (VQGANConfig, BartConfig, CLIPConfig, RunConfig, SampleConfig, F16_VQGAN, CLIP_VIT_B32,
-                             PRESETS)
-from .text import TextEncoder, TokenizerFileError, bart_tokenizer, clip_tokenizer
+from .config import VQGANConfig, BartConfig, CLIPConfig, RunConfig, F16_VQGAN, CLIP_VIT_B32, PRESETS
+from .text import TextEncoder
 from .weights import WeightsError, read_params, _flat_params, _restore_int_keys, unstack_layers, stack_layers
 from .layers import abstract_module
 from .vqgan import VQGAN
 from .bart import DalleBart
 from .clip import CLIP
-from .modeldir import Models, save_models
+from .modeldir import Models
 
 # %% auto #0
-__all__ = ['FLAX_BART_LAYER', 'SOURCES', 'ConvertError', 'read_torch', 'read_safetensors', 'read_flax', 'read_json', 'torch_name',
-           'torch_shape', 'from_torch', 'to_torch', 'model_shapes', 'build_model', 'from_torch_state', 'to_torch_state',
-           'bart_from_min_dalle', 'min_dalle_state', 'min_dalle_config', 'vqgan_from_min_dalle',
+__all__ = ['FLAX_BART_LAYER', 'ConvertError', 'read_torch', 'read_safetensors', 'read_flax', 'read_json', 'torch_name',
+           'torch_shape', 'from_torch', 'to_torch', 'model_shapes', 'build_model', 'random_models', 'from_torch_state',
+           'to_torch_state', 'bart_from_min_dalle', 'min_dalle_state', 'min_dalle_config', 'vqgan_from_min_dalle',
            'min_dalle_detoker_state', 'flax_bart_name', 'bart_config_from_dalle_mini', 'bart_from_dalle_mini',
            'bart_to_dalle_mini', 'save_flax', 'flax_vqgan_name', 'vqgan_config_from_flax', 'vqgan_from_flax',
-           'vqgan_to_flax', 'clip_config_from_transformers', 'clip_from_transformers', 'clip_to_transformers',
-           'save_dalle_mini', 'save_transformers_clip', 'load_clip', 'load_vqgan_flax', 'load_min_dalle',
-           'load_dalle_mini', 'convert']
+           'vqgan_to_flax', 'clip_config_from_transformers', 'clip_from_transformers', 'clip_to_transformers']
 
 # %% ../nbs/09a_convert.ipynb #50eaf262
 class ConvertError(ValueError):
@@ -141,6 +138,27 @@ def build_model(cls, cfg, flat: dict, source):
     nnx.replace_by_pure_dict(params, _restore_int_keys(tree, nnx.to_pure_dict(params)))
     rest = jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), rest)        # non-trained state (VQGAN code usage)
     return nnx.merge(graphdef, params, rest)
+
+# %% ../nbs/09a_convert.ipynb #7213ac44
+def random_models(seed: int = 0) -> Models:
+    "`micro_models`' sizes and tokenizer, numpy-random parameters through `build_model` (norm scales one, as in a fresh model)."
+    from dalle_nb.text import train_tokenizer
+    caps = ["a red circle", "a blue square above a green triangle", "a small yellow triangle", "a large cyan circle"] * 5
+    text = TextEncoder(train_tokenizer(caps, vocab_size=280), max_len=12)
+    cfg = RunConfig(name="micro",
+                    vqgan=VQGANConfig(resolution=16, ch=8, ch_mult=(1, 2, 2), num_res_blocks=1, attn_resolutions=(4,),
+                                      z_channels=8, embed_dim=4, n_embed=32, norm_groups=4),
+                    bart=BartConfig(text_vocab=text.vocab_size, image_codes=32, image_vocab=32, max_text_len=12, image_len=16,
+                                    d_model=32, encoder_layers=1, decoder_layers=2, heads=4, glu_dim=48),
+                    clip=CLIPConfig(embed_dim=16, image_size=16, patch_size=4, vision_width=32, vision_layers=1, vision_heads=4,
+                                    vision_mlp=64, text_vocab=text.vocab_size, text_len=12, text_width=32, text_layers=1,
+                                    text_heads=4, text_mlp=64))
+    rng = np.random.default_rng(seed)
+    def params(cls, c):
+        return {k: np.ones(s, np.float32) if k.endswith("scale") else rng.normal(0, 0.1, s).astype(np.float32)
+                for k, s in model_shapes(cls, c).items()}
+    return Models(cfg, text, *(build_model(cls, c, params(cls, c), "random") for cls, c in
+                               ((VQGAN, cfg.vqgan), (DalleBart, cfg.bart), (CLIP, cfg.clip))))
 
 # %% ../nbs/09a_convert.ipynb #0d6dff6c
 def from_torch_state(sd: dict, want: dict, source, what: str, name=torch_name, optional=None, ignore=None) -> dict:
@@ -411,114 +429,3 @@ def clip_to_transformers(clip: CLIP) -> tuple[dict, dict]:
                                 "num_attention_heads": c.vision_heads, "image_size": c.image_size, "patch_size": c.patch_size,
                                 "hidden_act": c.act, "layer_norm_eps": c.ln_eps, "num_channels": 3, "projection_dim": c.embed_dim}}
     return sd, config
-
-# %% ../nbs/09a_convert.ipynb #0e8fb6cf
-def save_dalle_mini(directory, models: Models, scanned: bool = True) -> Path:
-    "Write `models.bart` (and its tokenizer's `vocab.json` + `merges.txt`) in dalle-mini's layout."
-    path = save_flax(directory, *bart_to_dalle_mini(models.bart, scanned))
-    models.text.tokenizer.backend_tokenizer.model.save(str(path))
-    return path
-
-def save_transformers_clip(directory, clip: CLIP, clip_text: TextEncoder | None = None) -> Path:
-    "Write `clip` in transformers' layout (`config.json` + `model.safetensors`, and `tokenizer.json` if given)."
-    from safetensors.numpy import save_file
-    directory = Path(directory); directory.mkdir(parents=True, exist_ok=True)
-    sd, config = clip_to_transformers(clip)
-    save_file(sd, str(directory / "model.safetensors"))
-    (directory / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-    if clip_text is not None: clip_text.tokenizer.backend_tokenizer.save(str(directory / "tokenizer.json"))
-    return directory
-
-# %% ../nbs/09a_convert.ipynb #a3f9370e
-def _text_encoder(directory: Path, cfg: BartConfig) -> TextEncoder:
-    "The BART tokenizer of a published folder, checked against the text embedding."
-    try: tok = bart_tokenizer(directory / "vocab.json", directory / "merges.txt", max_id=cfg.text_vocab)
-    except TokenizerFileError as e: raise ConvertError(f"{e} (the BART's text embedding has {cfg.text_vocab} rows)") from None
-    return TextEncoder(tok, max_len=cfg.max_text_len, normalizer=cfg.text_normalizer)
-
-def load_clip(directory) -> tuple[CLIP, TextEncoder]:
-    "transformers' CLIP folder (`config.json`, `model.safetensors` or `pytorch_model.bin`, tokenizer) → our CLIP and its tokenizer."
-    from tokenizers import Tokenizer
-    directory = Path(directory)
-    cfg = clip_config_from_transformers(read_json(directory / "config.json"), directory / "config.json")
-    weights = next((directory / f for f in ("model.safetensors", "pytorch_model.bin") if (directory / f).exists()), None)
-    if weights is None: raise ConvertError(f"{directory}: no model.safetensors or pytorch_model.bin")
-    sd = read_safetensors(weights) if weights.suffix == ".safetensors" else read_torch(weights)
-    clip = build_model(CLIP, cfg, clip_from_transformers(sd, cfg, weights), weights)
-    try:
-        if (directory / "tokenizer.json").exists(): tok = Tokenizer.from_file(str(directory / "tokenizer.json"))
-        elif (directory / "vocab.json").exists(): tok = clip_tokenizer(directory / "vocab.json", directory / "merges.txt")
-        else: raise ConvertError(f"{directory}: no tokenizer.json, nor vocab.json + merges.txt, for CLIP's text")
-        text = TextEncoder(tok, max_len=cfg.text_len, normalizer="none")
-    except TokenizerFileError as e: raise ConvertError(str(e)) from None
-    except Exception as e:
-        if isinstance(e, ConvertError): raise
-        raise ConvertError(f"{directory / 'tokenizer.json'}: not a readable tokenizer ({type(e).__name__})") from None
-    if text.vocab_size > cfg.text_vocab: raise ConvertError(f"{directory}: CLIP's tokenizer has {text.vocab_size} tokens but its text embedding {cfg.text_vocab} rows")
-    return clip, text
-
-# %% ../nbs/09a_convert.ipynb #cf58c87f
-def load_vqgan_flax(directory) -> VQGAN:
-    "dalle-mini's VQGAN folder (`flax_model.msgpack` + `config.json`) → our VQGAN (encoder and decoder)."
-    directory = Path(directory)
-    cfg = vqgan_config_from_flax(read_json(directory / "config.json"), directory / "config.json")
-    return build_model(VQGAN, cfg, vqgan_from_flax(read_flax(directory / "flax_model.msgpack"), cfg, directory / "flax_model.msgpack"),
-                       directory / "flax_model.msgpack")
-
-def _run_config(name: str, vqgan: VQGAN, bart_cfg: BartConfig, clip: CLIP | None) -> RunConfig:
-    "The `RunConfig` of a converted set, with DALL·E Mega's sampling defaults (rerank only with a CLIP)."
-    try:
-        return RunConfig(name=name, vqgan=vqgan.cfg, bart=bart_cfg, clip=clip.cfg if clip is not None else CLIP_VIT_B32,
-                         sample=SampleConfig(n_candidates=8, rerank=4 if clip is not None else 0, cond_scale=10.0))
-    except ValueError as e: raise ConvertError(f"the VQGAN does not fit the BART: {e}") from None
-
-# %% ../nbs/09a_convert.ipynb #c5d3056d
-def load_min_dalle(directory, vqgan=None, clip=None, heads: int | None = None, vqgan_cfg: VQGANConfig | None = None) -> Models:
-    "min-dalle's folder (`encoder.pt`, `decoder.pt`, `vocab.json`, `merges.txt`; `detoker.pt` here or in `../vqgan`) → `Models`."
-    directory = Path(directory)
-    if not directory.is_dir(): raise ConvertError(f"{directory}: no such directory")
-    enc, dec = read_torch(directory / "encoder.pt"), read_torch(directory / "decoder.pt")
-    if vqgan is not None: vq = load_vqgan_flax(vqgan)
-    else:
-        detok = next((p for p in (directory / "detoker.pt", directory.parent / "vqgan" / "detoker.pt") if p.exists()), None)
-        if detok is None: raise ConvertError(f"{directory}: no detoker.pt here or in ../vqgan; pass the VQGAN (dalle-mini's Flax VQGAN folder)")
-        vcfg = vqgan_cfg or replace(F16_VQGAN, decoder_only=True)
-        vq = build_model(VQGAN, vcfg, vqgan_from_min_dalle(read_torch(detok), vcfg, detok), detok)
-    cfg = min_dalle_config(enc, dec, heads=heads, image_codes=vq.cfg.n_embed, source=directory / "encoder.pt")
-    bart = build_model(DalleBart, cfg, bart_from_min_dalle(enc, dec, cfg, (directory / "encoder.pt", directory / "decoder.pt")),
-                       directory / "decoder.pt")
-    text = _text_encoder(directory, cfg)
-    clip_model, clip_text = load_clip(clip) if clip is not None else (None, None)
-    name = {1024: "mini", 2048: "mega"}.get(cfg.d_model, "bart")
-    return Models(_run_config(f"min-dalle-{name}", vq, cfg, clip_model), text, vq, bart, clip_model, clip_text=clip_text)
-
-# %% ../nbs/09a_convert.ipynb #f55eb5a1
-def load_dalle_mini(directory, vqgan, clip=None, scan_layers: bool = True) -> Models:
-    "dalle-mini's folders (DalleBart `flax_model.msgpack` + `config.json` + tokenizer; the VQGAN's; CLIP's) → `Models`."
-    directory = Path(directory)
-    if not directory.is_dir(): raise ConvertError(f"{directory}: no such directory")
-    vq = load_vqgan_flax(vqgan)
-    cfg = bart_config_from_dalle_mini(read_json(directory / "config.json"), directory / "config.json",
-                                      image_codes=vq.cfg.n_embed, scan_layers=scan_layers)
-    src = directory / "flax_model.msgpack"
-    bart = build_model(DalleBart, cfg, bart_from_dalle_mini(read_flax(src), cfg, src), src)
-    text = _text_encoder(directory, cfg)
-    clip_model, clip_text = load_clip(clip) if clip is not None else (None, None)
-    name = {1024: "mini", 2048: "mega"}.get(cfg.d_model, "bart")
-    return Models(_run_config(f"dalle-mini-{name}", vq, cfg, clip_model), text, vq, bart, clip_model, clip_text=clip_text)
-
-# %% ../nbs/09a_convert.ipynb #c9a74922
-SOURCES = ("min-dalle", "dalle-mini")
-
-def convert(source: str, directory, out, vqgan=None, clip=None, dtype: str = "float32", heads: int | None = None) -> Path:
-    "Convert a published set (`source` = 'min-dalle' or 'dalle-mini') into our model directory `out`."
-    if source not in SOURCES: raise ConvertError(f"unknown source {source!r}; choose from {', '.join(SOURCES)}")
-    if dtype not in ("float32", "float16", "bfloat16"): raise ConvertError(f"dtype must be float32, float16 or bfloat16, got {dtype!r}")
-    if source == "min-dalle": models = load_min_dalle(directory, vqgan=vqgan, clip=clip, heads=heads)
-    else:
-        if vqgan is None: raise ConvertError("dalle-mini's layout keeps the VQGAN in its own folder: pass it (vqgan=DIR, --vqgan DIR)")
-        models = load_dalle_mini(directory, vqgan, clip)
-    card = (f"# {models.cfg.name}\n\nConverted by `dalle_nb.convert` on {datetime.date.today()} from the {source} layout:\n\n"
-            f"- BART: `{Path(directory).resolve()}`\n- VQGAN: `{Path(vqgan).resolve() if vqgan else 'detoker.pt (decoder only)'}`\n"
-            f"- CLIP: `{Path(clip).resolve() if clip else 'none (no reranking)'}`\n\nParameters stored as {dtype}.\n")
-    return save_models(out, models, card=card, dtype=dtype)

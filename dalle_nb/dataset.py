@@ -1,4 +1,4 @@
-"""Encode image–caption collections to VQGAN tokens once, into parquet shards with a manifest; stream them back to every host in a seeded, resumable order.
+"""Encode image–caption collections to VQGAN tokens once, into parquet shards with a manifest, resumably, and read them back.
 
 Docs: https://dalle-nb.github.io/dalle_nb/dataset.html.md"""
 
@@ -6,8 +6,8 @@ Docs: https://dalle-nb.github.io/dalle_nb/dataset.html.md"""
 
 # %% ../nbs/14a_dataset.ipynb #2c1a7db7
 from __future__ import annotations
-import dataclasses, datetime, hashlib, io, json, math, os, tarfile, warnings
-from collections import Counter, OrderedDict
+import dataclasses, datetime, hashlib, io, json, math, os, tarfile
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from pathlib import Path
@@ -23,12 +23,12 @@ from .images import center_crop_resize
 from .text import TextEncoder
 from .clip import clip_scores
 from .modeldir import Models
-from .sharding import make_mesh, batch_sharding, batch_slice
+from .sharding import make_mesh, batch_sharding
 
 # %% auto #0
 __all__ = ['FORMAT', 'MANIFEST', 'IMAGE_EXTS', 'ShardError', 'EncodeError', 'decode_image', 'Pair', 'FolderSource', 'TarSource',
            'ParquetSource', 'open_source', 'ShardedEncoder', 'vqgan_fingerprint', 'encode_to_shards', 'read_manifest',
-           'shard_files', 'read_shard', 'shard_tokens', 'TokenLoader']
+           'shard_files', 'read_shard', 'shard_tokens']
 
 # %% ../nbs/14a_dataset.ipynb #8f7a6ef7
 FORMAT = "dalle_nb.tokens/1"
@@ -410,149 +410,3 @@ def shard_tokens(column) -> np.ndarray:
     lengths = np.unique(pc.list_value_length(col).to_numpy(zero_copy_only=False))
     if len(lengths) != 1: raise ShardError(f"encoding column: rows hold different numbers of tokens {lengths.tolist()}")
     return col.flatten().to_numpy(zero_copy_only=False).astype(np.int32).reshape(n, int(lengths[0]))
-
-# %% ../nbs/14a_dataset.ipynb #36f95bfe
-class TokenLoader:
-    "Endless, resumable batches `{'text': int32 [b, L], 'image': int32 [b, T]}` streamed from token shards; each process reads its own."
-    def __init__(self, path, batch_size: int, text: TextEncoder, seed: int = 0, shuffle_buffer: int = 4096, blank_prob: float = 0.0,
-                 clip_range: tuple | None = None, where: dict | None = None, columns=(), step: int = 0,
-                 process_index: int | None = None, process_count: int | None = None):
-        self.process_index = jax.process_index() if process_index is None else process_index
-        self.process_count = jax.process_count() if process_count is None else process_count
-        if batch_size < 1 or batch_size % self.process_count:
-            raise ValueError(f"TokenLoader: batch {batch_size} does not split over {self.process_count} processes")
-        if not 0 <= blank_prob <= 1: raise ValueError(f"TokenLoader: blank_prob={blank_prob} is not in [0, 1]")
-        if shuffle_buffer < 1: raise ValueError(f"TokenLoader: shuffle_buffer must be >= 1, got {shuffle_buffer}")
-        files = [(f, r) for f, r in shard_files(path) if r > 0]
-        if len(files) < self.process_count:
-            raise ValueError(f"TokenLoader: {len(files)} non-empty shard(s) cannot be split over {self.process_count} processes; encode with a smaller shard size")
-        self.text, self.seed, self.batch_size, self.window = text, seed, batch_size, shuffle_buffer
-        self.local, self.blank_prob, self.columns = batch_size // self.process_count, blank_prob, tuple(columns)
-        self.clip_range, self.where = clip_range, dict(where or {})
-        self.total = (len(files), sum(r for _, r in files))
-        pick = np.random.default_rng([seed, 0]).permutation(len(files))[self.process_index::self.process_count]
-        self.files = [files[i] for i in pick]
-        needed = {"caption", "encoding", *self.columns, *self.where, *(["clip_score"] if clip_range else [])}
-        for f, rows in self.files:                       # cheap footer checks: a bad file is named now, not mid-run
-            meta = _footer(f)
-            if meta.num_rows != rows: raise ShardError(f"{f}: {meta.num_rows} rows, but the manifest says {rows}")
-            missing = needed - set(meta.schema.to_arrow_schema().names)
-            if missing: raise ShardError(f"{f}: no column {sorted(missing)[0]!r} (has {', '.join(meta.schema.to_arrow_schema().names)})")
-        self._masks = [self._mask(f, r) for f, r in self.files]
-        self.rows_per_epoch = sum(r if m is None else int(m.sum()) for (_, r), m in zip(self.files, self._masks))
-        if self.rows_per_epoch == 0: raise ValueError(f"TokenLoader: no row of process {self.process_index}'s shards passes the filters")
-        self.steps_per_epoch = max(1, self.rows_per_epoch // self.local)
-        self._blank = text.blank(1)[0]
-        self._plans, self._cache = OrderedDict(), OrderedDict()
-        self._seek(step)
-
-# %% ../nbs/14a_dataset.ipynb #be5231b7
-@patch_to(TokenLoader)
-def _mask(self, f: Path, rows: int):
-    "Which rows of shard `f` pass the filters (None: all)."
-    if not self.clip_range and not self.where: return None
-    t = read_shard(f, columns=[*self.where, *(["clip_score"] if self.clip_range else [])])
-    keep = np.ones(rows, bool)
-    if self.clip_range:
-        s = t["clip_score"].to_numpy(zero_copy_only=False)
-        keep &= (s >= self.clip_range[0]) & (s <= self.clip_range[1])
-    for col, val in self.where.items():
-        keep &= pc.fill_null(pc.equal(t[col], pa.scalar(val)), False).to_numpy(zero_copy_only=False)
-    return keep
-
-# %% ../nbs/14a_dataset.ipynb #b54e1a59
-@patch_to(TokenLoader)
-def _plan(self, epoch: int):
-    "Shard order, shard start offsets, surviving-row mask and cumulative survivors per window of `epoch`."
-    if epoch not in self._plans:
-        order = np.random.default_rng([self.seed, 1, self.process_index, epoch]).permutation(len(self.files))
-        starts = np.cumsum([0] + [self.files[o][1] for o in order])
-        keep = None if self._masks[0] is None else np.concatenate([self._masks[o] for o in order])
-        per = (np.add.reduceat(keep.astype(np.int64), np.arange(0, starts[-1], self.window)) if keep is not None
-               else np.minimum(self.window, starts[-1] - np.arange(0, starts[-1], self.window)))
-        self._plans[epoch] = (order, starts, keep, np.concatenate([[0], np.cumsum(per)]))
-        while len(self._plans) > 2: self._plans.popitem(last=False)
-    return self._plans[epoch]
-
-@patch_to(TokenLoader)
-def _seek(self, step: int):
-    "Point the reader at the first row of batch `step`: epoch by division, window by binary search."
-    epoch, off = divmod(step * self.local, self.rows_per_epoch)
-    cum = self._plan(epoch)[3]
-    w = int(np.searchsorted(cum, off, side="right") - 1)
-    self.step, self._epoch, self._w, self._pos, self._buf = step, epoch, w, int(off - cum[w]), None
-
-# %% ../nbs/14a_dataset.ipynb #dc75877d
-@patch_to(TokenLoader)
-def _shard(self, f: Path) -> dict:
-    "The columns of one shard as numpy arrays (a few shards are kept in memory)."
-    if f not in self._cache:
-        t = read_shard(f, columns=["caption", "encoding", *self.columns])
-        self._cache[f] = {"caption": np.asarray(t["caption"].to_pylist(), object), "image": shard_tokens(t["encoding"]),
-                          **{c: t[c].to_numpy(zero_copy_only=False) for c in self.columns}}
-        while len(self._cache) > max(2, math.ceil(self.window / max(1, min(r for _, r in self.files))) + 1):
-            self._cache.popitem(last=False)
-    return self._cache[f]
-
-@patch_to(TokenLoader)
-def _window_rows(self, epoch: int, w: int) -> dict:
-    "The surviving rows of window `w` of `epoch`, in shuffled order."
-    order, starts, keep, _ = self._plan(epoch)
-    a, b = w * self.window, min((w + 1) * self.window, int(starts[-1]))
-    pos = a + np.random.default_rng([self.seed, 2, self.process_index, epoch, w]).permutation(b - a)
-    if keep is not None: pos = pos[keep[pos]]
-    slot = np.searchsorted(starts, pos, side="right") - 1
-    out = None
-    for s in np.unique(slot):
-        sel = slot == s
-        cols = self._shard(self.files[order[s]][0])
-        if out is None: out = {k: np.empty((len(pos), *v.shape[1:]), v.dtype) for k, v in cols.items()}
-        for k, v in cols.items(): out[k][sel] = v[pos[sel] - starts[s]]
-    return out or {}
-
-# %% ../nbs/14a_dataset.ipynb #d670e814
-@patch_to(TokenLoader)
-def __iter__(self): return self
-
-@patch_to(TokenLoader)
-def __next__(self) -> dict:
-    parts, need = [], self.local
-    while need:
-        if self._buf is None: self._buf = self._window_rows(self._epoch, self._w)
-        n = len(self._buf.get("caption", ()))
-        if self._pos >= n:
-            self._w, self._pos, self._buf = self._w + 1, 0, None
-            if self._w >= len(self._plan(self._epoch)[3]) - 1: self._epoch, self._w = self._epoch + 1, 0
-            continue
-        take = min(need, n - self._pos)
-        parts.append({k: v[self._pos:self._pos + take] for k, v in self._buf.items()})
-        self._pos, need = self._pos + take, need - take
-    rows = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
-    text = self.text(list(rows.pop("caption")))
-    if self.blank_prob > 0:
-        hit = np.random.default_rng([self.seed, 3, self.step, self.process_index]).random(self.local) < self.blank_prob
-        text[hit] = self._blank
-    self.step += 1
-    return {"text": text, **rows}
-
-# %% ../nbs/14a_dataset.ipynb #2dd5cd83
-@patch_to(TokenLoader, cls_method=True)
-def on_mesh(cls, path, batch_size: int, mesh, text: TextEncoder, **kwargs) -> "TokenLoader":
-    "A loader of `batch_size` rows in all, each process reading the rows its devices of `mesh` hold."
-    index, count = batch_slice(mesh, batch_size)
-    return cls(path, batch_size, text, process_index=index, process_count=count, **kwargs)
-
-@patch_to(TokenLoader)
-def state(self) -> dict:
-    return {"step": self.step, "seed": self.seed, "batch_size": self.batch_size, "shards": self.total[0], "rows": self.total[1],
-            "process_count": self.process_count, "filters": repr((self.clip_range, sorted(self.where.items())))}
-
-@patch_to(TokenLoader)
-def restore(self, state: dict):
-    "Continue from a `state()` snapshot (taken on any host)."
-    for k, mine in (("seed", self.seed), ("batch_size", self.batch_size), ("shards", self.total[0]), ("rows", self.total[1])):
-        if k in state and state[k] != mine: raise ValueError(f"TokenLoader: checkpoint was taken with {k}={state[k]}, this loader has {mine}")
-    for k, mine in (("process_count", self.process_count), ("filters", self.state()["filters"])):
-        if k in state and state[k] != mine:
-            warnings.warn(f"TokenLoader: checkpoint was taken with {k}={state[k]}, now {mine}: the data order differs from here on")
-    self._seek(int(state["step"])); return self

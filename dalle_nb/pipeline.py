@@ -13,13 +13,12 @@ import numpy as np
 import jax, jax.numpy as jnp
 from flax import nnx
 from fastcore.basics import patch
-from .config import RunConfig, load_config, save_config
-from .text import TextEncoder, normalize_text
 from .images import image_grid, save_png, png_text, to_uint8, to_float, load_image, center_crop_resize, ImageFileError
-from .modeldir import Models, load_models, ModelDirError, default_model_dir
+from .modeldir import Models, load_models, default_model_dir
 from .clip import clip_scores
 from .sample import generate as sample_tokens, generate_steps, row_keys, state_bytes
 from .layers import xla_cpu_defaults, serve_all, QUANTIZE
+from .widget import panel                 # the ipywidgets panel behind `widget` (10a_widget)
 
 xla_cpu_defaults()       # generation's XLA:CPU flags (04_layers), while no computation has run yet
 
@@ -453,110 +452,7 @@ def generate(prompt: str, out: str | Path, n: int = 8, rerank: int | None = None
     if key not in _PIPELINES: _PIPELINES[key] = Pipeline(model)
     return _PIPELINES[key](prompt, n=n, rerank=rerank, cond_scale=cond_scale, seed=seed, **kw).save(out)
 
-# %% ../nbs/10_pipeline.ipynb #9925e1e2
-def _png(image) -> bytes:
-    "PNG bytes of one uint8 image (for `ipywidgets.Image`)."
-    import io
-    from PIL import Image
-    buf = io.BytesIO(); Image.fromarray(to_uint8(image)).save(buf, format="PNG")
-    return buf.getvalue()
-
-def _uploaded(upload):
-    "The image in an ipywidgets `FileUpload` as a uint8 array (None if empty)."
-    if not upload.value: return None
-    import io
-    from PIL import Image, UnidentifiedImageError
-    item = upload.value[0] if isinstance(upload.value, (tuple, list)) else next(iter(upload.value.values()))
-    try: return np.asarray(Image.open(io.BytesIO(bytes(item["content"]))).convert("RGB"))
-    except (UnidentifiedImageError, OSError) as e: raise SettingError("image_prompt", f"cannot be read: {item.get('name', 'the upload')} is not an image") from None
-
-# %% ../nbs/10_pipeline.ipynb #86d2f6d6
+# %% ../nbs/10_pipeline.ipynb #203f9a1f
 def widget(pipe: Pipeline | None = None):
-    "An ipywidgets panel for `pipe` (default: the shipped model): prompt, sliders, Generate / Stop, progress, a grid that fills as tokens are drawn."
-    import threading, ipywidgets as W
-    pipe = pipe or Pipeline()
-    S = pipe.cfg.sample
-    ui = W.VBox()
-    ui.prompt = W.Text(value="a large red circle", description="prompt", layout=W.Layout(width="480px"))
-    ui.scale = W.FloatSlider(value=S.cond_scale, min=1.0, max=10.0, step=0.5, description="cond scale")
-    ui.top_k = W.IntSlider(value=S.top_k, min=0, max=pipe.cfg.model_cfg.image_codes, step=8, description="top-k (0=off)")
-    ui.temperature = W.FloatSlider(value=S.temperature, min=0.1, max=2.0, step=0.05, description="temperature")
-    ui.plausibility = W.FloatSlider(value=S.plausibility, min=0.0, max=0.5, step=0.01, description="plausibility")
-    ui.n = W.IntSlider(value=S.n_candidates, min=1, max=32, description="candidates")
-    ui.keep = W.IntSlider(value=min(S.rerank, S.n_candidates), min=0, max=32, description="keep best (0=all)")
-    ui.seed = W.IntText(value=0, description="seed")
-    ui.every = W.IntSlider(value=max(1, pipe.image_len // 8), min=1, max=pipe.image_len, description="show every")
-    ui.upload = W.FileUpload(accept="image/*", multiple=False, description="image prompt")
-    ui.keep_rows = W.IntSlider(value=pipe.grid // 2, min=0, max=pipe.grid, description="keep rows")
-    ui.clear = W.Button(description="no image prompt")
-    ui.generate, ui.stop = W.Button(description="Generate", button_style="primary"), W.Button(description="Stop", disabled=True)
-    ui.progress, ui.status = W.IntProgress(value=0, min=0, max=1, description="tokens"), W.Label()
-    ui.grid = W.GridBox(layout=W.Layout(grid_template_columns="repeat(4, 136px)", grid_gap="4px"))
-    for w, c in ((ui.prompt, "prompt"), (ui.generate, "generate"), (ui.stop, "stop"), (ui.upload, "upload"), (ui.progress, "progress"),
-                 (ui.status, "status"), (ui.grid, "grid")): w.add_class(f"dalle-{c}")
-    ui.children = [ui.prompt, W.HBox([ui.scale, ui.top_k]), W.HBox([ui.temperature, ui.plausibility]), W.HBox([ui.n, ui.keep]),
-                   W.HBox([ui.seed, ui.every]), W.HBox([ui.upload, ui.keep_rows, ui.clear]), W.HBox([ui.generate, ui.stop, ui.progress]),
-                   ui.status, ui.grid]
-    ui.pipe, ui.image, ui.result, ui.thread, ui.stopping = pipe, None, None, None, threading.Event()
-    _wire(ui)
-    return ui
-
-# %% ../nbs/10_pipeline.ipynb #a9ad304b
-def _show(ui, images, captions):
-    "Put uint8 `images` into the panel's grid, each with a caption under it."
-    import ipywidgets as W
-    cells = list(ui.grid.children)
-    while len(cells) < len(images):
-        im = W.Image(format="png", width=128, height=128); im.add_class("dalle-image")
-        cells.append(W.VBox([im, W.Label()]))
-    for cell, img, cap in zip(cells, images, captions): cell.children[0].value, cell.children[1].value = _png(img), cap
-    ui.grid.children = cells[:len(images)]
-
-def _on_step(ui, step, results):
-    "Show a `Step` in the panel (partial pictures every `show every` tokens, then the finished ones) and count its tokens; False after Stop."
-    if step.t % ui.every.value == 0 or step.final:
-        shown = step.images if not step.final else np.concatenate([r.images for r in results if r is not None])
-        _show(ui, shown, [f"#{i}" for i in step.indices] if not step.final else [""] * len(shown))
-    ui.progress.value = step.done * step.image_len + (0 if step.final else step.t * len(step.indices))
-    return not ui.stopping.is_set()
-
-# %% ../nbs/10_pipeline.ipynb #b50b07ac
-def _work(ui):
-    "One run with the panel's settings (in its thread): the ranked images and a summary at the end, or the user's error in the status line."
-    from functools import partial
-    t0, pipe = time.perf_counter(), ui.pipe
-    try:
-        image = _uploaded(ui.upload) if ui.upload.value else ui.image
-        ui.progress.max, ui.progress.value = ui.n.value * pipe.image_len, 0
-        r = pipe(ui.prompt.value, n=ui.n.value, rerank=min(ui.keep.value, ui.n.value), cond_scale=ui.scale.value, seed=ui.seed.value,
-                 temperature=ui.temperature.value, top_k=ui.top_k.value, plausibility=ui.plausibility.value, image_prompt=image,
-                 keep_rows=ui.keep_rows.value if image is not None else None, every=ui.every.value, callback=partial(_on_step, ui))
-    except ValueError as e:                                    # SettingError, PromptError: the user's to fix
-        ui.status.value, ui.result = f"⚠ {e}", None
-    else:
-        _show(ui, r.images, [f"#{i} clip {s:.2f}" for i, s in zip(r.indices, r.scores)] if r.scores is not None else [f"#{i}" for i in r.indices])
-        extra = (f", image prompt: top {r.settings['keep_rows']} rows kept" if image is not None else "") + (" (stopped)" if ui.stopping.is_set() else "")
-        ui.status.value, ui.result = f"{len(r.images)} image(s) in {time.perf_counter() - t0:.1f}s{extra}", r
-    finally: ui.generate.disabled, ui.stop.disabled = False, True
-
-# %% ../nbs/10_pipeline.ipynb #49e813bc
-def _run(ui, _=None, wait: bool = False):
-    "Start a run in a thread (one at a time); from code (`ui.run()`) wait for it and return its `Result` (None after an error)."
-    import threading
-    if ui.thread is not None and ui.thread.is_alive(): return None        # one run at a time
-    ui.stopping.clear(); ui.generate.disabled, ui.stop.disabled = True, False
-    ui.status.value = "drawing…"
-    ui.thread = threading.Thread(target=_work, args=(ui,), daemon=True); ui.thread.start()
-    if wait or _ is None: ui.thread.join(); return ui.result
-
-def _forget(ui, _=None):
-    "Drop the image prompt, uploaded or set from code."
-    ui.upload.value = () if isinstance(ui.upload.value, tuple) else ui.upload.value.__class__()
-    ui.image = None
-
-def _wire(ui):
-    "The panel's behaviour: `ui.run(wait=True)` generates (in a thread when clicked), Stop, the image prompt buttons."
-    from functools import partial
-    ui.run, ui.forget = partial(_run, ui), partial(_forget, ui)
-    ui.set_image_prompt = lambda image: setattr(ui, "image", image)          # from code, instead of uploading
-    ui.generate.on_click(ui.run); ui.stop.on_click(lambda _: ui.stopping.set()); ui.clear.on_click(ui.forget)
+    "The ipywidgets panel (`dalle_nb.widget.panel`) for `pipe` (default: the shipped model)."
+    return panel(pipe or Pipeline())

@@ -148,7 +148,7 @@ class TrainSetupError(ValueError):
     "A request refused before training anything (unknown stage, missing or mismatched earlier stages, shards that do not fit)."
 
 def _shard_batches(run, model: str, image_len: int):
-    from dalle_nb.dataset import TokenLoader                 # floor 3; imported only when shards are used
+    from dalle_nb.stream import TokenLoader                  # floor 3; imported only when shards are used
     batches = TokenLoader.on_mesh([str(d) for d in run.shards], run.sc.batch_size, run.mesh, run.text, seed=run.sc.seed,
                                   blank_prob=run.sc.blank_caption_prob)
     first = next(batches); batches.restore({**batches.state(), "step": batches.step - 1})

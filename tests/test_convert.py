@@ -17,8 +17,8 @@ from dalle_nb.weights import _flat_params
 from dalle_nb.modeldir import Models, load_models
 from dalle_nb.convert import (ConvertError, build_model, model_shapes, bart_to_dalle_mini, bart_from_dalle_mini,
                               bart_config_from_dalle_mini, save_flax, read_flax, read_json, read_torch, read_safetensors,
-                              bart_from_min_dalle, vqgan_to_flax, save_dalle_mini, save_transformers_clip, convert,
-                              load_dalle_mini, load_min_dalle)
+                              bart_from_min_dalle, vqgan_to_flax)
+from dalle_nb.published import save_dalle_mini, save_transformers_clip, convert, load_dalle_mini, load_min_dalle
 
 EXE = shutil.which("dalle-nb") or str(Path(sys.executable).with_name("dalle-nb"))
 CAPTIONS = ["a red circle", "a blue square above a green triangle", "a small yellow triangle", "a large cyan circle",
@@ -110,7 +110,7 @@ def test_vqgan_flax_round_trips_exactly(tmp_path):
                       embed_dim=4, n_embed=32, norm_groups=4)
     vq = random_model(VQGAN, cfg, unit_scales=False)
     save_flax(tmp_path, *vqgan_to_flax(vq))
-    from dalle_nb.convert import load_vqgan_flax
+    from dalle_nb.published import load_vqgan_flax
     back = load_vqgan_flax(tmp_path)
     assert back.cfg == cfg
     same(_flat_params(back), _flat_params(vq))

@@ -13,8 +13,9 @@ from PIL import Image
 from conftest import one_device_env
 from flax import nnx
 
-from dalle_nb.dataset import (encode_to_shards, open_source, decode_image, read_shard, shard_tokens, shard_files, TokenLoader,
+from dalle_nb.dataset import (encode_to_shards, open_source, decode_image, read_shard, shard_tokens, shard_files,
                               ShardedEncoder, ShardError, EncodeError, MANIFEST)
+from dalle_nb.stream import TokenLoader
 from dalle_nb.shapes import make_split
 from dalle_nb.vqgan import psnr
 
