@@ -24,8 +24,8 @@ from .sharding import RULES, fit_spec
 # %% auto #0
 __all__ = ['PRECISIONS', 'GRAFTS', 'MATRIX_AXES', 'DATA_AXES', 'merge_dims', 'merged_shape', 'block_splits', 'partition',
            'unpartition', 'gram', 'max_eigenvalue', 'inverse_pth_root', 'Plan', 'make_plan', 'new_statistics',
-           'precondition', 'ParamState', 'ShampooState', 'distributed_shampoo', 'shampoo_state_axes', 'spread_spec',
-           'opt_state_shardings', 'shampoo_from_config', 'state_bytes_per_param']
+           'precondition', 'ParamState', 'ShampooState', 'split_gram', 'distributed_shampoo', 'shampoo_state_axes',
+           'spread_spec', 'opt_state_shardings', 'shampoo_from_config', 'state_bytes_per_param']
 
 # %% ../nbs/13a_shampoo.ipynb #a6cb9b4f
 def merge_dims(shape, max_dim: int) -> list[list[int]]:
@@ -191,11 +191,11 @@ def make_plan(shape, names=None, *, block_size: int = 2048, merge_max: int = 409
     return Plan(shape, layers, merged, tuple(name_of(g) for g in groups), block_splits(merged, block_size), pre)
 
 # %% ../nbs/13a_shampoo.ipynb #df454537
-def new_statistics(stats, g, plan: Plan, b2: float, precision=None) -> tuple:
-    "β₂·S + (1-β₂)·Gram for every block and axis of one layer's gradient `g` (β₂ = 1: plain sums, as Adagrad)."
+def new_statistics(stats, g, plan: Plan, b2: float, precision=None, gram_fn=gram) -> tuple:
+    "β₂·S + (1-β₂)·Gram (`gram_fn(block, axis, precision)`) for every block and axis of one layer's gradient `g` (β₂ = 1: plain sums, as Adagrad)."
     w2 = 1.0 if b2 == 1.0 else 1.0 - b2
     blocks = partition(g.reshape(plan.merged), plan.splits)
-    grams = [gram(b, axis, precision) for b in blocks for axis in range(b.ndim)]
+    grams = [gram_fn(b, axis, precision) for b in blocks for axis in range(b.ndim)]
     return tuple(b2 * s + w2 * m for s, m in zip(stats, grams))
 
 def precondition(g, roots, plan: Plan):
@@ -266,6 +266,30 @@ def _constrain_fit(x, axes):
     return lax.with_sharding_constraint(x, fit_spec(logical_to_spec(axes, rules), x.shape, mesh))
 
 MATRIX_AXES = ("precond", None)   # a statistic's or root's rows are split over every device; `layers` goes in front when stacked
+
+# %% ../nbs/13a_shampoo.ipynb #600d1b09
+def _contracted_axis(shape, axis: int, n: int, names) -> tuple[int, tuple] | None:
+    "The axis `split_gram` cuts over `n` devices (not `axis`, divisible by `n`; one its logical name already splits first) and its mesh axes in order."
+    rules, all_axes = flax_spmd.get_logical_axis_rules(), _precond_axes()
+    def mesh_axes(a):
+        s = logical_to_spec((names[a],), rules)[0] if names and names[a] else None
+        return () if s is None else s if isinstance(s, tuple) else (s,)
+    ok = [a for a in range(len(shape)) if a != axis and shape[a] % n == 0]
+    if not ok or shape[axis] % n: return None
+    c = max(ok, key=lambda a: len(mesh_axes(a)) > 0)       # the first that is split already, else the first
+    first = tuple(x for x in mesh_axes(c) if x in all_axes)
+    return c, first + tuple(x for x in all_axes if x not in first)
+
+def split_gram(g, axis: int, precision=None, names=None):
+    "`gram(g, axis)` with its rows split over the devices (the `precond` rule): partial products of each device's share of another axis, summed by a reduce-scatter."
+    n = _precond_shards()
+    cut = _contracted_axis(g.shape, axis, n, names) if n > 1 else None
+    if cut is None: return gram(g, axis, precision)
+    c, order = cut
+    axes, spec = _precond_axes(), [None] * g.ndim
+    spec[c] = order
+    body = lambda x: lax.psum_scatter(gram(x, axis, precision), axes, scatter_dimension=0, tiled=True)
+    return jax.shard_map(body, mesh=jax.sharding.get_abstract_mesh(), in_specs=P(*spec), out_specs=P(axes, None), check_vma=False)(g)
 
 # %% ../nbs/13a_shampoo.ipynb #c6fbe553
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -384,7 +408,7 @@ def update(self: _Shampoo, grads, state: ShampooState, params=None):
     lr = self.learning_rate(count) if callable(self.learning_rate) else self.learning_rate
     states = []                                                              # 1. statistics
     for g, st, plan in zip(gs, state.params, plans):
-        stats = _per_layer(plan, lambda s, g, plan=plan: new_statistics(s, g, plan, self.b2, self.sprec))(st.stats, g) if st.stats else ()
+        stats = _per_layer(plan, lambda s, g, plan=plan: new_statistics(s, g, plan, self.b2, self.sprec, partial(split_gram, names=plan.names)))(st.stats, g) if st.stats else ()
         lead = ("layers",) if plan.layers else ()
         states.append(st._replace(stats=tuple(_constrain_fit(x, lead + MATRIX_AXES) for x in stats)))
     old = [st.roots for st in states]                                        # 2. preconditioners, every N steps

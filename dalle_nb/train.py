@@ -23,7 +23,7 @@ from .sharding import (RULES, make_mesh, mesh_from_spec, state_shardings, batch_
                                is_primary)
 from .optim import lr_schedule
 from .shampoo import ShampooState, opt_state_shardings as shampoo_state_shardings
-from .powersgd import GradReduction, PowerSGDState, powersgd, state_shardings as powersgd_state_shardings
+from .powersgd import GradReduction, PowerSGDState, powersgd, mean_reduction, state_shardings as powersgd_state_shardings
 from .gradscale import scaled_residual, init_scales, update_scales
 
 # %% auto #0
@@ -188,6 +188,13 @@ def _train_step_fn(accumulated, tx, reduce, mesh: Mesh, rules, extras: bool, blo
         return new, {**metrics, "grad_norm": optax.global_norm(g), "finite": finite}
     return train_step
 
+# %% ../nbs/15_train.ipynb #99cb70ed
+def _step_reduction(reduce, replicas: int, grad_accum: int, rest):
+    "The reduction a step applies: `reduce`; by default the stateless mean once per update when `dp` replicas accumulate (None, XLA's, otherwise)."
+    if reduce is False: return None
+    if reduce is not None: return reduce
+    return mean_reduction() if replicas > 1 and grad_accum > 1 and not jax.tree.leaves(rest) else None
+
 # %% ../nbs/15_train.ipynb #4e57775b
 def _init_fn(opt_init, shardings: TrainState, mesh: Mesh, rules):
     "`init(model) -> TrainState` on the mesh, from the model's current values (the optimiser initialised there)."
@@ -202,13 +209,15 @@ def _init_fn(opt_init, shardings: TrainState, mesh: Mesh, rules):
     return init
 
 def make_sharded_train_step(loss_fn, model, tx: optax.GradientTransformation, mesh: Mesh | None = None, rules=RULES,
-                            grad_accum: int = 1, reduce: GradReduction | None = None, loss_scale: float = 1.0,
+                            grad_accum: int = 1, reduce: GradReduction | bool | None = None, loss_scale: float = 1.0,
                             block_scales: int = 0, scale_growth: int = 1000) -> TrainStep:
     "Compile `loss_fn(model, batch, key) -> (loss, metrics)` into a sharded train step on `mesh` (default: one device)."
     mesh = make_mesh(devices=jax.devices()[:1]) if mesh is None else mesh
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
     params, rest = _structs(params), _structs(rest)
     replicas = mesh.shape["dp"]
+    red = _step_reduction(reduce, replicas, grad_accum, rest)      # once per update, after the accumulation
+    reduce = reduce or None                      # False: XLA's reduction; the default mean keeps no state
     extras = reduce is not None or block_scales > 0
     def opt_init(p):
         o = tx.init(p)
@@ -220,8 +229,8 @@ def make_sharded_train_step(loss_fn, model, tx: optax.GradientTransformation, me
     shardings = TrainState(rep, state_shardings(params, mesh, rules), state_shardings(rest, mesh, rules),
                            opt_state_shardings(abstract.opt, params, mesh, rules), rep)
     data = batch_sharding(mesh, 1, rules)        # a prefix for every array of the batch: leading axis split
-    grads = _replica_grads_fn(_grads_fn(graphdef, loss_fn, loss_scale), reduce, replicas, rules)
-    train_step = _train_step_fn(_accumulated_fn(grads, grad_accum, reduce, replicas, data, shardings), tx, reduce, mesh, rules,
+    grads = _replica_grads_fn(_grads_fn(graphdef, loss_fn, loss_scale), red, replicas, rules)
+    train_step = _train_step_fn(_accumulated_fn(grads, grad_accum, red, replicas, data, shardings), tx, red, mesh, rules,
                                 extras, block_scales, scale_growth)
     step = jax.jit(train_step, in_shardings=(shardings, data, rep), out_shardings=(shardings, rep), donate_argnums=0)
     return TrainStep(_init_fn(opt_init, shardings, mesh, rules), step, shardings, _with_shardings(abstract, shardings), mesh, tuple(rules), graphdef)
