@@ -12,14 +12,13 @@ from pathlib import Path
 import numpy as np
 import jax, jax.numpy as jnp
 from flax import nnx, serialization, traverse_util
-from .config import VQGANConfig, BartConfig, CLIPConfig, RunConfig, F16_VQGAN, CLIP_VIT_B32, PRESETS
-from .text import TextEncoder
+from .config import VQGANConfig, BartConfig, CLIPConfig, F16_VQGAN, CLIP_VIT_B32, PRESETS
 from .weights import WeightsError, read_params, _flat_params, _restore_int_keys, unstack_layers, stack_layers
 from .layers import abstract_module
 from .vqgan import VQGAN
 from .bart import DalleBart
 from .clip import CLIP
-from .modeldir import Models
+from .modeldir import Models, micro_config
 
 # %% auto #0
 __all__ = ['FLAX_BART_LAYER', 'ConvertError', 'read_torch', 'read_safetensors', 'read_flax', 'read_json', 'torch_name',
@@ -142,17 +141,7 @@ def build_model(cls, cfg, flat: dict, source):
 # %% ../nbs/09a_convert.ipynb #7213ac44
 def random_models(seed: int = 0) -> Models:
     "`micro_models`' sizes and tokenizer, numpy-random parameters through `build_model` (norm scales one, as in a fresh model)."
-    from dalle_nb.text import train_tokenizer
-    caps = ["a red circle", "a blue square above a green triangle", "a small yellow triangle", "a large cyan circle"] * 5
-    text = TextEncoder(train_tokenizer(caps, vocab_size=280), max_len=12)
-    cfg = RunConfig(name="micro",
-                    vqgan=VQGANConfig(resolution=16, ch=8, ch_mult=(1, 2, 2), num_res_blocks=1, attn_resolutions=(4,),
-                                      z_channels=8, embed_dim=4, n_embed=32, norm_groups=4),
-                    bart=BartConfig(text_vocab=text.vocab_size, image_codes=32, image_vocab=32, max_text_len=12, image_len=16,
-                                    d_model=32, encoder_layers=1, decoder_layers=2, heads=4, glu_dim=48),
-                    clip=CLIPConfig(embed_dim=16, image_size=16, patch_size=4, vision_width=32, vision_layers=1, vision_heads=4,
-                                    vision_mlp=64, text_vocab=text.vocab_size, text_len=12, text_width=32, text_layers=1,
-                                    text_heads=4, text_mlp=64))
+    cfg, text = micro_config()
     rng = np.random.default_rng(seed)
     def params(cls, c):
         return {k: np.ones(s, np.float32) if k.endswith("scale") else rng.normal(0, 0.1, s).astype(np.float32)

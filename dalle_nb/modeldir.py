@@ -24,7 +24,7 @@ from .dalle import DalleTransformer
 
 # %% auto #0
 __all__ = ['MODEL_FILES', 'required_files', 'ModelDirError', 'default_model_dir', 'Models', 'save_models', 'load_models',
-           'micro_models']
+           'micro_config', 'micro_models']
 
 # %% ../nbs/09_modeldir.ipynb #ec3bac07
 MODEL_FILES = ("config.json", "tokenizer.json", "vqgan.msgpack", "bart.msgpack")   # what a DALL·E Mega-style directory needs
@@ -128,8 +128,8 @@ def _materialise(abstract):
     return nnx.merge(graphdef, jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), state))
 
 # %% ../nbs/09_modeldir.ipynb #15c99096
-def micro_models(seed: int = 0) -> Models:
-    "A complete set of micro models with random weights (16×16 images, 16 tokens) — for tests and examples."
+def micro_config() -> tuple[RunConfig, TextEncoder]:
+    "The micro models' run config and tokenizer (16×16 images, 16 tokens): the one definition every micro model set uses."
     from dalle_nb.config import VQGANConfig, BartConfig, CLIPConfig
     from dalle_nb.text import train_tokenizer
     caps = ["a red circle", "a blue square above a green triangle", "a small yellow triangle", "a large cyan circle"] * 5
@@ -142,5 +142,10 @@ def micro_models(seed: int = 0) -> Models:
                     clip=CLIPConfig(embed_dim=16, image_size=16, patch_size=4, vision_width=32, vision_layers=1, vision_heads=4,
                                     vision_mlp=64, text_vocab=text.vocab_size, text_len=12, text_width=32, text_layers=1,
                                     text_heads=4, text_mlp=64))
+    return cfg, text
+
+def micro_models(seed: int = 0) -> Models:
+    "A complete set of micro models with random weights (16×16 images, 16 tokens) — for tests and examples."
+    cfg, text = micro_config()
     r = nnx.Rngs(seed)
     return Models(cfg, text, make_vqgan(cfg.vqgan, rngs=r), DalleBart(cfg.bart, rngs=r), CLIP(cfg.clip, rngs=r))
