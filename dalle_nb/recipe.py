@@ -116,6 +116,7 @@ def train_all(cfg: RunConfig, workdir, stages=None, progress: bool = True, comma
     if is_primary():
         save_models(out, models, card=_card(cfg, hists, seconds, command or f"train_all(get_config({cfg.name!r}), ...)",
                                             prev.card if prev is not None else ""))
+        for stage, h in hists.items(): (out / f"history_{stage}.json").write_text(json.dumps(h))   # the curves travel with the model
     if jax.process_count() > 1: multihost_utils.sync_global_devices("dalle_nb:model-directory-written")
     return out
 

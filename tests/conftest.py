@@ -6,11 +6,26 @@ running it. The programs are the same (XLA's graph passes still run); only the g
 measured by `bench/`, never by tests. Level 0 is faster still but changes float results enough to flip near-tied
 argmaxes (docs/experiments/2026-11-25-suite-time.md). `DALLE_NB_TEST_XLA_FLAGS=""` compiles as users do.
 Subprocesses that want one device, as a user's shell has, pass `one_device_env()`.
+
+Every process of one test run — both xdist workers, the notebooks and CLI runs they start — shares one persistent
+JAX compilation cache, new for each run: many tests compile the same programs (the shipped model's generation
+above all), and a cache hit is the same executable. `DALLE_NB_TEST_JAX_CACHE=0` turns it off; tests that exercise the
+cache themselves (the CLI's `DALLE_NB_CACHE`) point JAX at their own directory.
 """
-import os
+import os, shutil, tempfile
 TEST_XLA_FLAGS = os.environ.setdefault("DALLE_NB_TEST_XLA_FLAGS", "--xla_backend_optimization_level=1")
 os.environ.setdefault("XLA_FLAGS", f"--xla_force_host_platform_device_count=8 {TEST_XLA_FLAGS}".strip())
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+_CACHE = None          # made by the process that starts the run (xdist's workers inherit it), removed when the run ends
+if (os.environ.get("DALLE_NB_TEST_JAX_CACHE", "1") != "0" and "PYTEST_XDIST_WORKER" not in os.environ
+        and "JAX_COMPILATION_CACHE_DIR" not in os.environ):
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = _CACHE = tempfile.mkdtemp(prefix="dalle-nb-test-jax-cache-")
+    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.2")
+    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
+
+
+def pytest_unconfigure(config):
+    if _CACHE: shutil.rmtree(_CACHE, ignore_errors=True)
 
 
 def one_device_env(devices: int = 1, drop=(), **extra) -> dict:
