@@ -6,7 +6,7 @@ Docs: https://dalle-nb.github.io/dalle_nb/layers.html.md"""
 
 # %% ../nbs/04_layers.ipynb #23207d43
 from __future__ import annotations
-import contextvars, math, os
+import contextvars, math, os, re
 import jax, jax.numpy as jnp
 from flax import nnx
 from fastcore.basics import patch_to
@@ -14,20 +14,29 @@ from flax.core import spmd as flax_spmd
 from jax.sharding import PartitionSpec as P
 
 # %% auto #0
-__all__ = ['LOGICAL_AXES', 'QUANTIZE', 'ACTIVATIONS', 'xla_cpu_defaults', 'dtype_of', 'param', 'shapes_only', 'abstract_module',
-           'count_params', 'logical_to_spec', 'constrain', 'normal', 'Linear', 'quantize_rows', 'served_kernel',
-           'Embed', 'serve_all', 'Norm', 'Conv', 'gelu', 'quick_gelu', 'swish']
+__all__ = ['YNN_FUSIONS', 'LOGICAL_AXES', 'QUANTIZE', 'ACTIVATIONS', 'xla_cpu_defaults', 'dtype_of', 'param', 'shapes_only',
+           'abstract_module', 'count_params', 'logical_to_spec', 'constrain', 'normal', 'Linear', 'quantize_rows',
+           'served_kernel', 'Embed', 'serve_all', 'Norm', 'Conv', 'gelu', 'quick_gelu', 'swish']
 
 # %% ../nbs/04_layers.ipynb #c22d4f45
-def xla_cpu_defaults(env=os.environ) -> str:
-    "Add the CPU flags this package is measured with to `env['XLA_FLAGS']` (see above); returns the flags."
+YNN_FUSIONS = {"train": "-individual_convolution", "generate": "individual_dot"}   # XLA:CPU's YNNPACK fusions per purpose
+_YNN_FLAG = re.compile(r"\s*--xla_cpu_experimental_ynn_fusion_type=(\S*)")
+
+def xla_cpu_defaults(purpose: str = "train", env=os.environ) -> str:
+    "Set `env['XLA_FLAGS']`'s YNNPACK fusions for `purpose` (`train` or `generate`; see above) unless you chose them; returns the flags."
+    if purpose not in YNN_FUSIONS: raise ValueError(f"xla_cpu_defaults: unknown purpose {purpose!r}; choose from {sorted(YNN_FUSIONS)}")
     flags = env.get("XLA_FLAGS", "")
-    if "ynn_fusion_type" in flags or env.get("DALLE_NB_XLA_DEFAULTS", "1") == "0": return flags
+    mine = _YNN_FLAG.search(flags)
+    if (mine and mine.group(1) != env.get("DALLE_NB_YNN")) or env.get("DALLE_NB_XLA_DEFAULTS", "1") == "0": return flags
     try: from jaxlib import version
     except ImportError: return flags
-    if version.__version__ == "0.10.2": env["XLA_FLAGS"] = flags = (flags + " --xla_cpu_experimental_ynn_fusion_type=individual_dot").strip()
+    if version.__version__ != "0.10.2": return flags
+    value = YNN_FUSIONS[purpose]
+    env["XLA_FLAGS"] = flags = (_YNN_FLAG.sub("", flags) + f" --xla_cpu_experimental_ynn_fusion_type={value}").strip()
+    env["DALLE_NB_YNN"] = value
     return flags
 
+xla_cpu_defaults()       # every process that builds a model: training's flags, before any computation has run
 
 # %% ../nbs/04_layers.ipynb #e92a50be
 LOGICAL_AXES = ("batch", "length", "embed", "heads", "kv", "mlp", "vocab", "norm", "layers", "conv_in", "conv_out", "precond")

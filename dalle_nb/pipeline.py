@@ -20,7 +20,7 @@ from .sample import generate as sample_tokens, generate_steps, row_keys, state_b
 from .layers import xla_cpu_defaults, serve_all, QUANTIZE
 from .widget import panel                 # the ipywidgets panel behind `widget` (10a_widget)
 
-xla_cpu_defaults()       # generation's XLA:CPU flags (04_layers), while no computation has run yet
+xla_cpu_defaults("generate")       # generation's XLA:CPU flags (04_layers), while no computation has run yet
 
 # %% auto #0
 __all__ = ['SettingError', 'check_setting', 'serving_models', 'PromptError', 'Pipeline', 'Step', 'Result', 'Best',
