@@ -81,15 +81,14 @@ def test_paper_techniques_runs(tmp_path):
 
 
 def test_train_step_runs(tmp_path):
-    run("train_step", "--stages", "vqgan,bart", "--ynn", "package,individual_dot", "--rounds", 1, "--steps", 1, "--warmup", 0,
-        "--set", "vqgan_train.batch_size=2", "--set", "bart_train.batch_size=2", "--out", tmp_path)
+    run("train_step", "--stages", "vqgan", "--ynn", "package", "--rounds", 1, "--steps", 1, "--warmup", 0,
+        "--set", "vqgan_train.batch_size=2", "--out", tmp_path)
     res = json.loads((tmp_path / "train_step.json").read_text())
-    assert [(r["stage"], r["setting"]) for r in res["summary"]] == [("vqgan", "package"), ("vqgan", "individual_dot"),
-                                                                     ("bart", "package"), ("bart", "individual_dot")]
-    assert all(r["ms_median"] > 0 and r["gflop_per_step"] > 0 and r["batch"] == 2 for r in res["summary"])
-    flags = {r["setting"]: r["xla_flags"] for r in res["runs"]}           # each setting reached its process's XLA
-    assert flags["package"].endswith("ynn_fusion_type=-individual_convolution") and flags["individual_dot"].endswith("ynn_fusion_type=individual_dot")
-    assert all(r["devices"] == 1 for r in res["runs"]) and (tmp_path / "train_step.md").read_text().count("| vqgan |") == 2
+    assert [(r["stage"], r["setting"], r["batch"]) for r in res["summary"]] == [("vqgan", "package", 2)]
+    assert all(r["ms_median"] > 0 and r["gflop_per_step"] > 0 for r in res["summary"])
+    (one,) = res["runs"]                      # the package's training flags reached the worker's XLA, on one device
+    assert one["xla_flags"].endswith("ynn_fusion_type=-individual_convolution") and one["devices"] == 1
+    assert (tmp_path / "train_step.md").read_text().count("| vqgan |") == 1
 
 
 @pytest.mark.tpu
