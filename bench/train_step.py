@@ -32,7 +32,7 @@ def child_env(setting: str) -> dict:
 
 
 def time_stage(name: str, models, sets, steps: int, warmup: int) -> dict:
-    "Seconds of the first and of the warm train steps of stage `name`, built as `train_all` builds it."
+    "Compile time, warm ms/step and FLOPs of stage `name`'s train step, built as `train_all` builds it."
     import jax
     from dalle_nb.config import override
     from dalle_nb.optim import make_optimizer
