@@ -18,6 +18,12 @@ The same run proves the work is equal: at a small width, min-dalle's modules loa
     python bench/generate.py --widths mega --images 1 --repeats 1 --out bench/results/generate_mega
     python bench/generate.py --smoke --out /tmp/g                                              # the smoke test's run
     python bench/generate.py --logits-error mega --out bench/results/generate                  # bfloat16/int8 error, ~17 GB
+    python bench/generate.py --device gpu --widths mega --images 1,16 --repeats 2 --quantize bfloat16 --out bench/results/generate_gpu
+
+`--device gpu` runs both sides on the first GPU: min-dalle in `--min-dalle-dtype` (float16 by default there, as its README
+runs it on GPUs), ours under `--quantize`; each call is synchronised before the clock stops, and the table adds each
+process's peak GPU memory (torch's `max_memory_allocated`, JAX's `peak_bytes_in_use`). The greedy agreement is a check
+of equal work, not of speed: it runs on CPU only.
 
 `--quantize none,bfloat16,int8` runs our side once per weight form (`Pipeline(quantize=...)`). The report ends with the
 floor of a token step: the bytes it must read and the FLOPs it must do against this machine's measured bandwidth and
@@ -35,6 +41,22 @@ WIDTHS = {  # d_model, layers (each side), heads, GLU width, text vocab, image v
 SETTINGS = dict(cond_scale=10.0, top_k=256, temperature=1.0)
 PROMPT = "a red circle above a blue square"
 TOKENS = 256
+
+
+def device() -> str:
+    "Where the children run: `cpu` or `gpu` (`--device`, passed to them in the environment)."
+    return os.environ.get("DALLE_NB_BENCH_DEVICE", "cpu")
+
+
+def min_dalle_dtype() -> str:
+    return os.environ.get("DALLE_NB_BENCH_MIN_DALLE_DTYPE") or ("float16" if device() == "gpu" else "float32")
+
+
+def jax_peak_gb(key: str = "peak_bytes_in_use"):
+    "GB of the first JAX device's allocator statistic `key` (GPU: `peak_bytes_in_use`, `bytes_in_use`, `largest_alloc_size`); `None` on CPU."
+    import jax
+    stats = jax.local_devices()[0].memory_stats() if device() == "gpu" else None
+    return stats[key] / 2 ** 30 if stats and key in stats else None
 
 
 def peak_rss_gb() -> float:
@@ -82,7 +104,7 @@ def run_ours(model_dir: str, quantize: str, images: list[int], repeats: int) -> 
     import jax
     from dalle_nb.pipeline import Pipeline
     t0 = time.perf_counter(); pipe = Pipeline(model_dir, batch_size=max(images), quantize=None if quantize == "none" else quantize); load_s = time.perf_counter() - t0
-    rows = []
+    loaded_gpu_gb, rows = jax_peak_gb("bytes_in_use"), []
     for k in images:
         res = {}
         call = lambda: res.update(r=pipe(PROMPT, n=k, rerank=0, seed=0, **SETTINGS))
@@ -90,8 +112,10 @@ def run_ours(model_dir: str, quantize: str, images: list[int], repeats: int) -> 
         tokens = res["r"].tokens
         decode = timed(lambda: pipe.decode(tokens), repeats)[1]
         rows.append(dict(images=k, first_s=first, warm_s=warm, decode_s=decode, **({} if rows else {"first_image_s": first_end - t_start})))
-    return dict(side="ours", quantize=quantize, load_s=load_s, rows=rows, peak_rss_gb=peak_rss_gb(),
-                runtime=f"jax {jax.__version__} {jax.devices()[0].platform}, {os.cpu_count()} threads")
+    # on a GPU the peak includes XLA's autotuning scratch while compiling: its largest single allocation says how much
+    return dict(side="ours", quantize=quantize, load_s=load_s, rows=rows, peak_rss_gb=peak_rss_gb(), peak_gpu_gb=jax_peak_gb(),
+                loaded_gpu_gb=loaded_gpu_gb, largest_gpu_alloc_gb=jax_peak_gb("largest_alloc_size"),
+                runtime=f"jax {jax.__version__} {jax.devices()[0].platform} ({jax.devices()[0].device_kind}), {os.cpu_count()} threads")
 
 
 def min_dalle_modules(width: str):
@@ -106,17 +130,19 @@ def min_dalle_modules(width: str):
 
 
 def make_min_dalle_dir(width: str, path: Path) -> Path:
-    "min-dalle's folder layout (`dalle_bart/encoder.pt`, `decoder.pt`, `vqgan/detoker.pt`) with random weights."
+    "min-dalle's folder layout (`dalle_bart/encoder.pt`, `decoder.pt`, `vqgan/detoker.pt`) with random weights, BART stored in the dtype it will run in."
     import torch
+    dtype = getattr(torch, min_dalle_dtype())
     for i, (sub, name) in enumerate([("dalle_bart", "encoder.pt"), ("dalle_bart", "decoder.pt"), ("vqgan", "detoker.pt")]):
         (path / sub).mkdir(parents=True, exist_ok=True)
         module = min_dalle_modules(width)[i]                 # one at a time: a Mega-width side is 5 GB
+        if sub == "dalle_bart": module = module.to(dtype)
         torch.save(module.state_dict(), path / sub / name); del module
     return path
 
 
 def min_dalle_model(width: str, path: Path):
-    "min-dalle's `MinDalle` at `width`, loaded from `path` by its own `init_encoder/decoder/detokenizer` (float32, CPU).\n\n"
+    "min-dalle's `MinDalle` at `width`, loaded from `path` by its own `init_encoder/decoder/detokenizer` (`--device`, `--min-dalle-dtype`).\n\n"
     "`__init__` is skipped because it asks the network for its tokenizer; the caption is 8 fixed BPE ids."
     import torch
     from min_dalle.min_dalle import MinDalle
@@ -126,7 +152,7 @@ def min_dalle_model(width: str, path: Path):
 
     w = WIDTHS[width]
     m = MinDalle.__new__(MinDalle)
-    m.device, m.is_mega, m.is_reusable, m.dtype, m.is_verbose = "cpu", width == "mega", True, torch.float32, False
+    m.device, m.is_mega, m.is_reusable, m.dtype, m.is_verbose = ("cuda" if device() == "gpu" else "cpu"), width == "mega", True, getattr(torch, min_dalle_dtype()), False
     m.text_token_count, m.layer_count, m.attention_head_count = 64, w["layers"], w["heads"]
     m.embed_count, m.glu_embed_count, m.text_vocab_count, m.image_vocab_count = w["d_model"], w["glu_dim"], w["text_vocab"], w["image_vocab"]
     m.encoder_params_path, m.decoder_params_path = str(path / "dalle_bart" / "encoder.pt"), str(path / "dalle_bart" / "decoder.pt")
@@ -139,18 +165,21 @@ def run_min_dalle(width: str, path: str, images: list[int], repeats: int) -> dic
     t_start = time.perf_counter()
     import torch
     t0 = time.perf_counter(); m = min_dalle_model(width, Path(path)); load_s = time.perf_counter() - t0
+    sync = torch.cuda.synchronize if m.device == "cuda" else (lambda: None)
     rows = []
     for k in images:
         g = round(k ** 0.5)
         if g * g != k: raise SystemExit(f"min-dalle draws a square grid: --images must be squares (1, 4, 9, 16, 64), got {k}")
-        call = lambda: [None for _ in m.generate_raw_image_stream(text=PROMPT, seed=1, grid_size=g, **{
-            "top_k": SETTINGS["top_k"], "supercondition_factor": SETTINGS["cond_scale"], "temperature": SETTINGS["temperature"]})]
+        call = lambda: ([None for _ in m.generate_raw_image_stream(text=PROMPT, seed=1, grid_size=g, **{
+            "top_k": SETTINGS["top_k"], "supercondition_factor": SETTINGS["cond_scale"], "temperature": SETTINGS["temperature"]})], sync())
         first, warm, first_end = timed(call, repeats)
-        tokens = torch.randint(0, 16384, (k, TOKENS))
-        decode = timed(lambda: m.detokenizer.forward(False, tokens), repeats)[1]
+        tokens = torch.randint(0, 16384, (k, TOKENS), device=m.device)
+        decode = timed(lambda: (m.detokenizer.forward(False, tokens), sync()), repeats)[1]
         rows.append(dict(images=k, first_s=first, warm_s=warm, decode_s=decode, **({} if rows else {"first_image_s": first_end - t_start})))
-    return dict(side="min-dalle", load_s=load_s, rows=rows, peak_rss_gb=peak_rss_gb(),
-                runtime=f"torch {torch.__version__}, {torch.get_num_threads()} threads, float32")
+    gpu = torch.cuda.max_memory_allocated() / 2 ** 30 if m.device == "cuda" else None
+    return dict(side="min-dalle", load_s=load_s, rows=rows, peak_rss_gb=peak_rss_gb(), peak_gpu_gb=gpu,
+                runtime=f"torch {torch.__version__} {m.device}" + (f" ({torch.cuda.get_device_name()})" if gpu is not None else "")
+                        + f", {torch.get_num_threads()} threads, {min_dalle_dtype()}")
 
 
 def greedy_agreement(seed: int = 0) -> dict:
@@ -196,10 +225,11 @@ def machine_throughput() -> dict:
         for _ in range(5):
             t0 = time.perf_counter(); jax.block_until_ready(f(*a)); ts.append(time.perf_counter() - t0)
         return min(ts)
-    big, n = jnp.ones((2 ** 28,), jnp.float32), 2048
-    a32, a8 = jnp.ones((n, n), jnp.float32), jnp.ones((n, n), jnp.int8)
+    big, n = jnp.ones((2 ** 28,), jnp.float32), (8192 if device() == "gpu" else 2048)
+    a32, a16, a8 = jnp.ones((n, n), jnp.float32), jnp.ones((n, n), jnp.bfloat16), jnp.ones((n, n), jnp.int8)
     return dict(read_gb_s=2 ** 30 / best(jax.jit(jnp.sum), big) / 1e9,
                 float32_gflop_s=2 * n ** 3 / best(jax.jit(jnp.matmul), a32, a32) / 1e9,
+                bfloat16_gflop_s=2 * n ** 3 / best(jax.jit(jnp.matmul), a16, a16) / 1e9,
                 int8_gop_s=2 * n ** 3 / best(jax.jit(lambda x, y: jax.lax.dot(x, y, preferred_element_type=jnp.int32)), a8, a8) / 1e9)
 
 
@@ -219,7 +249,7 @@ def step_floor(width: str, quantize: str, rows: int, measured: dict) -> dict:
     params = sum(v.size for v in read.values())
     cache = rows * cfg.decoder_layers * 2 * cfg.d_model * (TOKENS // 2 + cfg.max_text_len) * 4
     flops = 2 * rows * params + 4 * rows * cfg.decoder_layers * cfg.d_model * (TOKENS // 2 + cfg.max_text_len)
-    peak = measured["int8_gop_s"] if quantize == "int8" else measured["float32_gflop_s"]
+    peak = measured["int8_gop_s"] if quantize == "int8" else measured["bfloat16_gflop_s" if quantize == "bfloat16" else "float32_gflop_s"]
     return dict(width=width, quantize=quantize, rows=rows, weight_mb=weights / 1e6, cache_mb=cache / 1e6, gflop=flops / 1e9,
                 floor_ms=1e3 * max((weights + cache) / (measured["read_gb_s"] * 1e9), flops / (peak * 1e9)))
 
@@ -296,9 +326,15 @@ def in_process(*argv, timeout=7200) -> dict:
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
+def write_partial(out, widths: dict):
+    "What has been measured so far, to `out/generate.partial.json` (a long run cut short keeps its finished sides)."
+    if out: Path(out).mkdir(parents=True, exist_ok=True); (Path(out) / "generate.partial.json").write_text(json.dumps(widths, indent=1))
+
+
 def table(widths: dict) -> str:
-    lines = ["| width | images | side | images/s | s/image | ms/token step | VQGAN decode (s) | first image (s) | peak RSS (GB) |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    gpu = any(rep.get("peak_gpu_gb") is not None for sides in widths.values() for rep in sides.values())
+    lines = ["| width | images | side | images/s | s/image | ms/token step | VQGAN decode (s) | first image (s) | peak RSS (GB) |" + (" peak GPU memory (GB) |" if gpu else ""),
+             "|---|---|---|---|---|---|---|---|---|" + ("---|" if gpu else "")]
     for width, sides in widths.items():
         for side, rep in sides.items():
             if "error" in rep:
@@ -307,7 +343,8 @@ def table(widths: dict) -> str:
                 k = row["images"]
                 step_ms = 1000 * (row["warm_s"] - row["decode_s"]) / TOKENS
                 lines.append(f"| {width} | {k} | {side} | {k / row['warm_s']:.3f} | {row['warm_s'] / k:.2f} | {step_ms:.1f} | "
-                             f"{row['decode_s']:.2f} | {row.get('first_image_s', float('nan')):.1f} | {rep['peak_rss_gb']:.2f} |")
+                             f"{row['decode_s']:.2f} | {row.get('first_image_s', float('nan')):.1f} | {rep['peak_rss_gb']:.2f} |"
+                             + (f" {rep['peak_gpu_gb']:.2f} |" if gpu and rep.get("peak_gpu_gb") is not None else " |" if gpu else ""))
     return "\n".join(lines)
 
 
@@ -321,7 +358,8 @@ def ratios(widths: dict) -> list[dict]:
         for ra, rb in zip(a["rows"], b["rows"]):
             out.append(dict(width=width, side=side, images=ra["images"], speed=rb["warm_s"] / ra["warm_s"],
                             first_image=ra["first_image_s"] / rb["first_image_s"] if "first_image_s" in ra and "first_image_s" in rb else None,
-                            memory=a["peak_rss_gb"] / b["peak_rss_gb"]))
+                            memory=a["peak_rss_gb"] / b["peak_rss_gb"],
+                            gpu_memory=a["peak_gpu_gb"] / b["peak_gpu_gb"] if a.get("peak_gpu_gb") and b.get("peak_gpu_gb") else None))
     return out
 
 
@@ -337,7 +375,12 @@ def main(argv=None):
     p.add_argument("--out", default=None, help="write generate.json and generate.md here")
     p.add_argument("--second-process", action="store_true", help="also time two `dalle-nb generate` processes sharing a fresh compilation cache")
     p.add_argument("--logits-error", default=None, metavar="WIDTH", help="only measure the logits' error with bfloat16 and int8 weights at WIDTH (mega: ~17 GB)")
+    p.add_argument("--device", default="cpu", choices=["cpu", "gpu"], help="where both sides run (gpu: the first CUDA device)")
+    p.add_argument("--min-dalle-dtype", default=None, choices=["float32", "float16", "bfloat16"], help="min-dalle's dtype (default: float32 on cpu, float16 on gpu)")
     a = p.parse_args(argv)
+    os.environ["DALLE_NB_BENCH_DEVICE"] = a.device                       # the children read both (`device()`, `min_dalle_dtype()`)
+    os.environ["DALLE_NB_BENCH_MIN_DALLE_DTYPE"] = a.min_dalle_dtype or ""
+    if a.device == "gpu": os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")   # JAX takes what it uses, as torch does
     if a.logits_error:
         err = in_process("error", a.logits_error)
         print(json.dumps(err, indent=1))
@@ -358,28 +401,31 @@ def main(argv=None):
             if side == "min-dalle":
                 sides[side] = in_process("min-dalle", width, str(d), a.images, str(a.repeats))
                 print(f"{width} {side}: {json.dumps(sides[side])[:400]}", flush=True)
+                write_partial(a.out, {**widths, width: sides})
             for q in a.quantize.split(",") if side == "ours" else ():
                 if q not in ("none", "bfloat16", "int8"): p.error(f"--quantize: unknown form {q!r}")
                 name = "ours" if q == "none" else f"ours ({q})"
                 sides[name] = in_process("ours", str(d), q, a.images, str(a.repeats))
                 print(f"{width} {name}: {json.dumps(sides[name])[:400]}", flush=True)
+                write_partial(a.out, {**widths, width: sides})
                 if a.second_process and "rows" in sides[name]:             # the compilation cache: a second `dalle-nb generate`
                     k = max(int(x) for x in a.images.split(","))
                     sides[name]["cli"] = cli_twice(str(d), q, k)
                     print(f"{width} {name} cli: {json.dumps(sides[name]['cli'])}", flush=True)
         widths[width] = sides
-    agree = in_process("agree")
+    agree = in_process("agree") if a.device == "cpu" else dict(skipped="a check of equal work, run on CPU only (--device cpu)")
     floor = in_process("floor", a.widths, a.quantize, a.images)
     res = dict(widths=widths, ratios=ratios(widths), agreement=agree, floor=floor, settings=SETTINGS, prompt=PROMPT, version=dalle_nb.__version__,
-               machine=f"{platform.machine()}, {os.cpu_count()} cores, {platform.python_version()}", date=str(date.today()))
+               machine=f"{platform.machine()}, {os.cpu_count()} cores, {platform.python_version()}", device=a.device, date=str(date.today()))
     md = table(widths) + "\n\n" + "\n".join(
         f"- {r['width']}, {r['images']} image(s): {r['side']} {r['speed']:.2f}× min-dalle's images/s, "
-        f"{r['memory']:.2f}× its peak RSS" + (f", {r['first_image']:.2f}× its time to the first image" if r["first_image"] else "") for r in res["ratios"])
-    md += f"\n- greedy agreement at the small width: {agree.get('agree')}/{TOKENS} tokens (layers unrolled: {agree.get('agree_unrolled')}/{TOKENS}; unrolled and served, as `Pipeline` runs them: {agree.get('agree_served')}/{TOKENS})" + (f" ({agree['error']})" if "error" in agree else "")
+        f"{r['memory']:.2f}× its peak RSS" + (f", {r['gpu_memory']:.2f}× its peak GPU memory" if r.get("gpu_memory") else "")
+        + (f", {r['first_image']:.2f}× its time to the first image" if r["first_image"] else "") for r in res["ratios"])
+    if "skipped" not in agree: md += f"\n- greedy agreement at the small width: {agree.get('agree')}/{TOKENS} tokens (layers unrolled: {agree.get('agree_unrolled')}/{TOKENS}; unrolled and served, as `Pipeline` runs them: {agree.get('agree_served')}/{TOKENS})" + (f" ({agree['error']})" if "error" in agree else "")
     if "floors" in floor:
         m = floor["measured"]
         md += (f"\n\nThe floor of a token step on this machine (memory read {m['read_gb_s']:.0f} GB/s, matmul {m['float32_gflop_s']:.0f} GFLOP/s float32, "
-               f"{m['int8_gop_s']:.0f} GOP/s int8, measured here): max(bytes ÷ bandwidth, FLOPs ÷ matmul rate)\n\n"
+               f"{m['bfloat16_gflop_s']:.0f} bfloat16, {m['int8_gop_s']:.0f} GOP/s int8, measured here): max(bytes ÷ bandwidth, FLOPs ÷ matmul rate)\n\n"
                "| width | weights | rows | weights read (MB) | KV cache read (MB) | GFLOP | floor (ms/token step) |\n|---|---|---|---|---|---|---|\n")
         md += "\n".join(f"| {f['width']} | {f['quantize']} | {f['rows']} | {f['weight_mb']:.0f} | {f['cache_mb']:.0f} | {f['gflop']:.2f} | {f['floor_ms']:.1f} |" for f in floor["floors"])
     clis = [(w, side, rep["cli"], next(r for r in rep["rows"] if r["images"] == rep["cli"]["images"])) for w, sides in widths.items()

@@ -7,6 +7,7 @@ Docs: https://dalle-nb.github.io/dalle_nb/layers.html.md"""
 # %% ../nbs/04_layers.ipynb #23207d43
 from __future__ import annotations
 import contextvars, math, os, re
+from functools import partial
 import jax, jax.numpy as jnp
 from flax import nnx
 from fastcore.basics import patch_to
@@ -119,9 +120,13 @@ def quantize_rows(x, axis: int = -1):
     return jnp.round(x / scale).astype(jnp.int8), scale
 
 def served_kernel(w, quantize: str | None = None) -> tuple:
-    "`(kernel [..., out, in], scale [..., out] or None)` of an `(in, out)` kernel `w` in the serving form `quantize`."
+    "`(kernel [..., out, in], scale [..., out] or None)` of an `(in, out)` kernel `w` (a loader's NumPy array, or the layer's own) in the serving form `quantize`."
     if quantize not in QUANTIZE: raise ValueError(f"quantize must be one of {QUANTIZE}, got {quantize!r}")
-    w = jnp.swapaxes(jnp.asarray(w, jnp.float32), -1, -2)                     # stacked layers keep their leading axis
+    return _served_kernel(w, quantize)
+
+@partial(jax.jit, static_argnums=1)     # one program per kernel shape: the file's float16 goes to the device as it is, cast and transposed there
+def _served_kernel(w, quantize):
+    w = jnp.swapaxes(w.astype(jnp.float32), -1, -2)                            # stacked layers keep their leading axis
     if quantize != "int8": return w.astype(dtype_of(quantize or "float32")), None
     q, scale = quantize_rows(w)
     return q, scale[..., 0]
