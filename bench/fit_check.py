@@ -23,6 +23,11 @@ CONFIGS = {
     "fsdp": ["--mesh", "fsdp=32,mp=8"],                                             # parameters + optimizer state split 256 ways
     "fsdp-bf16": ["--mesh", "fsdp=32,mp=8", "--dtype", "bfloat16"],
     "fsdp-no-remat": ["--mesh", "fsdp=32,mp=8", "--remat", "none"],
+    # issue 24: remat that keeps each sub-layer's output (its model-parallel all-reduce is not repeated), and bfloat16
+    # compute (the journal's first 800M samples; "at 800M train/samples, we switched to full precision")
+    "journal-remat-outputs": ["--mesh", "dp=32,mp=8", "--remat", "outputs"],
+    "journal-bf16": ["--mesh", "dp=32,mp=8", "--dtype", "bfloat16"],
+    "journal-bf16-remat-outputs": ["--mesh", "dp=32,mp=8", "--dtype", "bfloat16", "--remat", "outputs"],
     # the same step with Adam (optimizer state: 2 parameter-shaped buffers)
     "journal-adam": ["--mesh", "dp=32,mp=8", "--optimizer", "adam"],
     "journal-adam-no-remat": ["--mesh", "dp=32,mp=8", "--optimizer", "adam", "--remat", "none"],

@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from typing import NamedTuple
 import jax, jax.numpy as jnp
+from jax.ad_checkpoint import checkpoint_name
 import optax
 from flax import nnx
 from .config import BartConfig
@@ -16,8 +17,9 @@ from .layers import Linear, Embed, Norm, constrain, dtype_of, gelu, shapes_only,
 from fastcore.basics import patch
 
 # %% auto #0
-__all__ = ['attend', 'attend_cached', 'Attention', 'GLU', 'EncoderLayer', 'DecoderLayer', 'LayerStack', 'Encoder', 'text_mask',
-           'Decoder', 'shift_right', 'DalleBart', 'bart_loss', 'KVCache', 'unstack_params', 'param_counts']
+__all__ = ['REMAT_POLICIES', 'attend', 'attend_cached', 'Attention', 'GLU', 'EncoderLayer', 'DecoderLayer', 'LayerStack',
+           'Encoder', 'text_mask', 'Decoder', 'shift_right', 'DalleBart', 'bart_loss', 'KVCache', 'unstack_params',
+           'param_counts']
 
 # %% ../nbs/06_bart.ipynb #6465c90f
 def attend(q, k, v, mask):
@@ -85,8 +87,9 @@ def _pre(cfg, rngs): return _norm(cfg, rngs) if cfg.ln_positions in ("normformer
 def _post(cfg, rngs): return _norm(cfg, rngs) if cfg.ln_positions in ("normformer", "postln") else None
 
 def _residual(x, f, pre, post, postln: bool):
-    "One sub-layer with the norm placement of `pre`/`post` (post applied after the add when `postln`)."
-    h = f(pre(x) if pre is not None else x)
+    "One sub-layer with the norm placement of `pre`/`post` (post applied after the add when `postln`).\n\n"
+    "Its output is named `sublayer_out`: with model parallelism it is what an all-reduce made (`remat=\"outputs\"` keeps it)."
+    h = checkpoint_name(f(pre(x) if pre is not None else x), "sublayer_out")
     if postln: return post(x + h)
     return x + (post(h) if post is not None else h)
 
@@ -156,9 +159,13 @@ def step(self: DecoderLayer, x, pos, text_mask, k_c, v_c, layer, cross_k, cross_
     return self._finish(x, cross_k, cross_v, text_mask, cached=True), k_c, v_c
 
 # %% ../nbs/06_bart.ipynb #12821b56
+REMAT_POLICIES = {"full": None,                                     # keep nothing: recompute the whole layer
+                  "outputs": jax.checkpoint_policies.save_only_these_names("sublayer_out")}   # keep each sub-layer's output
+
 class LayerStack(nnx.Module):
     "`n` layers made by `make(rngs)`, stored stacked (scanned) or as a list, applied in sequence."
     def __init__(self, make, n: int, *, scan: bool, remat: str = "none", rngs: nnx.Rngs):
+        if remat != "none" and remat not in REMAT_POLICIES: raise ValueError(f"remat must be 'none' or one of {sorted(REMAT_POLICIES)}, got {remat!r}")
         self.n, self.scan, self.remat = n, scan, remat
         if scan:
             @nnx.split_rngs(splits=n)
@@ -173,7 +180,7 @@ class LayerStack(nnx.Module):
         "`method(x, *args, *xs[i]) -> (x, y)` through every layer `i`; returns `x` and the `y`s stacked."
         def run(graphdef, state, x, xs_l):
             return getattr(nnx.merge(graphdef, state), method)(x, *args, *xs_l)
-        if self.remat == "full": run = jax.checkpoint(run, static_argnums=(0,))
+        if self.remat != "none": run = jax.checkpoint(run, static_argnums=(0,), policy=REMAT_POLICIES[self.remat])
         if self.scan:
             graphdef, state = nnx.split(self.layers)
             return jax.lax.scan(lambda x, s_xs: run(graphdef, *s_xs[:1], x, s_xs[1]), x, (state, tuple(xs)))

@@ -150,7 +150,7 @@ def _add_pod_fit(ps):
     p.add_argument("--mesh", default=None, help="layout (default: the preset's bart_train.mesh)")
     p.add_argument("--per-replica", type=int, default=None, help="samples per model replica per accumulation step (default: bart_train.batch_size)")
     p.add_argument("--accum", type=int, default=None, help="accumulation steps (default: bart_train.grad_accum)")
-    p.add_argument("--remat", choices=("full", "none"), default="full"); p.add_argument("--no-scan", action="store_true")
+    p.add_argument("--remat", choices=("full", "outputs", "none"), default="full"); p.add_argument("--no-scan", action="store_true")
     p.add_argument("--dtype", default=None); p.add_argument("--param-dtype", default=None); p.add_argument("--optimizer", default=None)
     p.add_argument("--layers", type=int, default=None, help="encoder and decoder layers (to learn the cost of a compile)")
     p.add_argument("--hbm-gib", type=float, default=None); p.add_argument("--set", action="append", default=[])

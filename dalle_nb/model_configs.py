@@ -79,7 +79,7 @@ class BartConfig:
     pad_id: int = 1                   # text padding id
     text_normalizer: str = "dalle_nb"  # caption cleaning the model was trained with: dalle_nb | dalle_mini | none
     scan_layers: bool = True          # stack layers and run them with nnx.scan
-    remat: str = "none"               # none | full  (gradient checkpointing per layer)
+    remat: str = "none"               # none | full | outputs  (gradient checkpointing per layer; outputs: keep sub-layer outputs)
     dtype: str = "float32"            # compute dtype (bfloat16 on accelerators)
     param_dtype: str = "float32"
 
@@ -88,7 +88,7 @@ class BartConfig:
         if self.image_vocab < self.image_codes: raise ValueError(f"BartConfig: image_vocab={self.image_vocab} < image_codes={self.image_codes}")
         if self.ln_type not in LN_TYPES: raise ValueError(f"BartConfig: ln_type must be one of {LN_TYPES}, got {self.ln_type!r}")
         if self.ln_positions not in LN_POSITIONS: raise ValueError(f"BartConfig: ln_positions must be one of {LN_POSITIONS}, got {self.ln_positions!r}")
-        if self.remat not in ("none", "full"): raise ValueError(f"BartConfig: remat must be 'none' or 'full', got {self.remat!r}")
+        if self.remat not in ("none", "full", "outputs"): raise ValueError(f"BartConfig: remat must be 'none', 'full' or 'outputs', got {self.remat!r}")
         if self.text_normalizer not in TEXT_NORMALIZERS: raise ValueError(f"BartConfig: text_normalizer must be one of {TEXT_NORMALIZERS}, got {self.text_normalizer!r}")
 
 # %% ../nbs/00a_model_configs.ipynb #ca2e322e
