@@ -144,13 +144,14 @@ def _add_pod_lifecycle(ps):
 
 # %% ../nbs/11a_cli_pod.ipynb #4b17a895
 def _add_pod_fit(ps):
+    from dalle_nb.model_configs import REMATS
     "`pod fit`: the ahead-of-time fit check's flags."
     p = ps.add_parser("fit", help="AOT-compile the train step for a TPU topology; exit 1 if it does not fit in HBM")
     p.add_argument("--preset", default="mega"); p.add_argument("--topology", default="v3:8x16")
     p.add_argument("--mesh", default=None, help="layout (default: the preset's bart_train.mesh)")
     p.add_argument("--per-replica", type=int, default=None, help="samples per model replica per accumulation step (default: bart_train.batch_size)")
     p.add_argument("--accum", type=int, default=None, help="accumulation steps (default: bart_train.grad_accum)")
-    p.add_argument("--remat", choices=("full", "outputs", "none"), default="full"); p.add_argument("--no-scan", action="store_true")
+    p.add_argument("--remat", choices=REMATS, default="full"); p.add_argument("--no-scan", action="store_true")
     p.add_argument("--dtype", default=None); p.add_argument("--param-dtype", default=None); p.add_argument("--optimizer", default=None)
     p.add_argument("--layers", type=int, default=None, help="encoder and decoder layers (to learn the cost of a compile)")
     p.add_argument("--hbm-gib", type=float, default=None); p.add_argument("--set", action="append", default=[])

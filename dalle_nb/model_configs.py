@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from fastcore.basics import patch
 
 # %% auto #0
-__all__ = ['LN_TYPES', 'LN_POSITIONS', 'TEXT_NORMALIZERS', 'RECON_LOSSES', 'ATTN_KINDS', 'F16_VQGAN', 'CLIP_VIT_B32',
+__all__ = ['LN_TYPES', 'LN_POSITIONS', 'REMATS', 'TEXT_NORMALIZERS', 'RECON_LOSSES', 'ATTN_KINDS', 'F16_VQGAN', 'CLIP_VIT_B32',
            'PAPER_DVAE', 'VQGANConfig', 'BartConfig', 'CLIPConfig', 'DVAEConfig', 'DalleConfig']
 
 # %% ../nbs/00a_model_configs.ipynb #a045164a
@@ -56,6 +56,7 @@ class VQGANConfig:
 # %% ../nbs/00a_model_configs.ipynb #a72f270f
 LN_TYPES = ("layernorm", "rmsnorm")
 LN_POSITIONS = ("normformer", "preln", "postln")
+REMATS = ("none", "full", "outputs")   # per-layer gradient checkpointing: off, everything recomputed, sub-layer outputs kept
 TEXT_NORMALIZERS = ("dalle_nb", "dalle_mini", "none")   # see dalle_nb.text: this package's rules, dalle-mini's, none
 
 @dataclass(frozen=True)
@@ -88,7 +89,7 @@ class BartConfig:
         if self.image_vocab < self.image_codes: raise ValueError(f"BartConfig: image_vocab={self.image_vocab} < image_codes={self.image_codes}")
         if self.ln_type not in LN_TYPES: raise ValueError(f"BartConfig: ln_type must be one of {LN_TYPES}, got {self.ln_type!r}")
         if self.ln_positions not in LN_POSITIONS: raise ValueError(f"BartConfig: ln_positions must be one of {LN_POSITIONS}, got {self.ln_positions!r}")
-        if self.remat not in ("none", "full", "outputs"): raise ValueError(f"BartConfig: remat must be 'none', 'full' or 'outputs', got {self.remat!r}")
+        if self.remat not in REMATS: raise ValueError(f"BartConfig: remat must be one of {REMATS}, got {self.remat!r}")
         if self.text_normalizer not in TEXT_NORMALIZERS: raise ValueError(f"BartConfig: text_normalizer must be one of {TEXT_NORMALIZERS}, got {self.text_normalizer!r}")
 
 # %% ../nbs/00a_model_configs.ipynb #ca2e322e
