@@ -10,7 +10,7 @@ import math, re
 
 # %% auto #0
 __all__ = ['DTYPE_BYTES', 'COLLECTIVES', 'hlo_shapes', 'hlo_nbytes', 'parse_hlo', 'walk_hlo', 'collective_ops',
-           'collective_bytes', 'allreduce_bytes', 'hlo_profile']
+           'collective_bytes', 'allreduce_bytes', 'async_overlap', 'hlo_profile']
 
 # %% ../nbs/12a_hlo.ipynb #3deeee65
 DTYPE_BYTES = {"pred": 1, "s4": 1, "u4": 1, "s8": 1, "u8": 1, "f8e4m3fn": 1, "f8e5m2": 1, "bf16": 2, "f16": 2, "s16": 2, "u16": 2,
@@ -199,13 +199,41 @@ def _flops(comp, ins) -> int:
     cd = re.search(r"lhs_contracting_dims=\{([0-9,]*)\}", rest)
     return 2 * (math.prod(out[0][1]) if out else 0) * (math.prod(lhs[0][1][int(i)] for i in cd[1].split(",") if i) if cd and lhs else 1)
 
+# %% ../nbs/12a_hlo.ipynb #5339a196
+def _async_keys(comps: dict, ins) -> list[str]:
+    "Names of the collectives an async start begins: itself (`all-reduce-start`), or those in the computation an `async-start` wraps."
+    n, shape, op, rest = ins
+    if op.removesuffix("-start") in COLLECTIVES: return [n]
+    if op != "async-start": return []
+    return [i[0] for c in re.findall(r"calls=%?([\w.\-]+)", rest) for i in comps.get(c, {}).get("instrs", []) if i[2] in COLLECTIVES]
+
+def async_overlap(module) -> dict[str, int]:
+    "Each async collective of a compiled program (`parse_hlo`'s result) → FLOPs of one run of what is scheduled between its start and its done. Synchronous collectives are absent."
+    comps, out = dict(module[0]), {}
+    def flops(comp, ins):                                   # a matmul's own, or those of what it calls (× trip counts)
+        total = [0]
+        comps[""] = {**comp, "instrs": [ins]}
+        walk_hlo((comps, "", None), lambda c, i, t: total.__setitem__(0, total[0] + t * _flops(c, i)))
+        return total[0]
+    for comp in module[0].values():
+        pending = {}                                        # start's name → [FLOPs since it, the collectives it begins]
+        for ins in comp["instrs"]:
+            n, shape, op, rest = ins
+            if op.endswith("-done") and (start := re.match(r"\s*%?([\w.\-]+)", rest)[1]) in pending:
+                f, keys = pending.pop(start); out.update(dict.fromkeys(keys, f)); continue
+            if pending:
+                f = flops(comp, ins)
+                for p in pending.values(): p[0] += f
+            if op.endswith("-start") and (keys := _async_keys(comps, ins)): pending[n] = [0, keys]
+    return out
+
 # %% ../nbs/12a_hlo.ipynb #b54b98cb
 _ROOT_FUNCS = ("refresh_roots", "inverse_pth_root", "_newton_root", "_mat_pow", "max_eigenvalue")  # dalle_nb.shampoo's refresh
 
 def hlo_profile(text: str, devices: int = 1, inexact_trips: int | None = None) -> dict:
-    "FLOPs and collectives of a compiled HLO module (per device), loop bodies × trip counts; split by part of the step. `inexact_trips`: count loops that stop on convergence this many times instead of their cap."
+    "FLOPs and collectives of a compiled HLO module (per device), loop bodies × trip counts; split by part of the step; collectives as `[count, bytes, async bytes, FLOPs scheduled beside them]`. `inexact_trips`: count loops that stop on convergence this many times instead of their cap."
     module = parse_hlo(text)
-    stack = module[2]
+    stack, overlap = module[2], async_overlap(module)
     out = {"flops": {}, "collectives": {}, "loops": [], "inexact_loops": 0}
     def part(rest):
         op = re.search(r'op_name="([^"]*)"', rest)
@@ -220,8 +248,9 @@ def hlo_profile(text: str, devices: int = 1, inexact_trips: int | None = None) -
             p = part(ins[3]); out["flops"][p] = out["flops"].get(p, 0) + times * _flops(comp, ins)
         if (c := _collective(ins, devices)) is not None:
             kind, _, nbytes, g = c
-            acc = out["collectives"].setdefault((part(ins[3]), kind, g), [0, 0])
+            acc = out["collectives"].setdefault((part(ins[3]), kind, g), [0, 0, 0, 0])   # count, bytes, async bytes, FLOPs beside them
             acc[0] += times; acc[1] += times * nbytes
+            if ins[0] in overlap: acc[2] += times * nbytes; acc[3] += times * overlap[ins[0]]
     out["loops"] = walk_hlo(module, visit, inexact_trips)
     out["inexact_loops"] = sum(not exact for _, _, exact in out["loops"])
     return out

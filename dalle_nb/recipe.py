@@ -37,7 +37,16 @@ def _models_of(cfg: RunConfig) -> set:
     return {cfg.image_tokenizer, cfg.arch, "clip"}
 
 # %% ../nbs/15b_recipe.ipynb #5b6a10d7
-def _card(cfg: RunConfig, hists: dict, seconds: dict, command: str, prev: str = "") -> str:
+def _train_seconds(history: list) -> float:
+    "Seconds a stage trained, from its history's clock: the last reading of each run, summed (a clock that restarts marks a resume)."
+    total, last = 0.0, 0.0
+    for row in history:
+        s = row.get("seconds", 0.0)
+        if s < last: total += last
+        last = s
+    return total + last
+
+def _card(cfg: RunConfig, hists: dict, command: str, prev: str = "") -> str:
     "Model card: every command that built the model (oldest first) and one row per stage; rows of stages not retrained are kept from `prev`."
     stages = STAGES
     def widen(row):                      # rows of cards written before the optimizer column: optimizer unknown
@@ -57,7 +66,7 @@ def _card(cfg: RunConfig, hists: dict, seconds: dict, command: str, prev: str = 
         sc, h = getattr(cfg, f"{stage}_train"), hists[stage]
         last = h[-1] if h else {}
         val = ", ".join(f"{k[4:]} {v:.4g}" for k, v in last.items() if k.startswith("val_"))
-        lines.append(f"| {stage} | {sc.steps} | {sc.batch_size} | {sc.optimizer} | {seconds.get(stage, 0) / 60:.1f} | {last.get('loss', float('nan')):.4f} | {val} |")
+        lines.append(f"| {stage} | {sc.steps} | {sc.batch_size} | {sc.optimizer} | {_train_seconds(h) / 60:.1f} | {last.get('loss', float('nan')):.4f} | {val} |")
     return "\n".join(lines) + "\n"
 
 # %% ../nbs/15b_recipe.ipynb #f89ec11a
@@ -101,20 +110,18 @@ def train_all(cfg: RunConfig, workdir, stages=None, progress: bool = True, comma
     val_images, val_captions = make_split("val", d.n_val, d.seed) if not data else (None, None)
     text = prev.text if prev is not None else TextEncoder(train_tokenizer(captions, vocab_size=min(cfg.text_vocab, cfg.clip.text_vocab)), cfg.text_len)
     if text.max_len != cfg.text_len: text = TextEncoder(text.tokenizer, cfg.text_len, normalizer=text.normalizer)   # the other architecture's length
-    hists, seconds = {}, {}
+    hists = {}
     m = {n: getattr(prev, n) if prev is not None else None for n in ("vqgan", "bart", "clip", "dvae", "dalle")}
     for stage in stages:
         if stage == "decoder" and cfg.decoder_train.steps == 0: continue
-        t0 = time.perf_counter()
         run = StageRun(stage, cfg, workdir, text, m, images, captions, val_images, val_captions, tuple(data or ()), progress)
         m[STAGES[stage].model], hists[stage] = train_stage(STAGES[stage], run)
-        seconds[stage] = time.perf_counter() - t0
         if is_primary(): (workdir / f"history_{stage}.json").write_text(json.dumps(hists[stage]))
     m = {n: _on_host(v) for n, v in m.items()}
     models = Models(cfg, text, m["vqgan"], m["bart"], m["clip"], dvae=m["dvae"], dalle=m["dalle"],
                     clip_text=prev.clip_text if prev is not None else None)
     if is_primary():
-        save_models(out, models, card=_card(cfg, hists, seconds, command or f"train_all(get_config({cfg.name!r}), ...)",
+        save_models(out, models, card=_card(cfg, hists, command or f"train_all(get_config({cfg.name!r}), ...)",
                                             prev.card if prev is not None else ""))
         for stage, h in hists.items(): (out / f"history_{stage}.json").write_text(json.dumps(h))   # the curves travel with the model
     if jax.process_count() > 1: multihost_utils.sync_global_devices("dalle_nb:model-directory-written")

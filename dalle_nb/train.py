@@ -387,7 +387,7 @@ def fit(model, tx: optax.GradientTransformation, loss_fn, batches, cfg: StageCon
     logfile = Path(workdir) / f"log.process-{jax.process_index()}.jsonl" if workdir else None
     state, start, history, key, acc = _start(train, model, ckpt, batches, key)
     sched = lr_schedule(cfg)
-    t0, seen_skips = time.perf_counter(), int(state.skipped)
+    t0, seen_skips = time.perf_counter() - (history[-1].get("seconds", 0.0) if history else 0.0), int(state.skipped)   # the clock goes on from the resumed run's
     end = cfg.steps if until is None else min(until, cfg.steps)
     say = tqdm.write if progress else print
     bar = tqdm(range(start, end), desc=desc, disable=not progress or not is_primary(), initial=start, total=cfg.steps, leave=True)
