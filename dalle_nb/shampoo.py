@@ -203,7 +203,6 @@ def direction(self: _Shampoo, g, x, diag, mom, gmom, roots, plan, count):
         if self.graft.startswith("adagrad"): new_diag = diag + jnp.square(sg)
         else: new_diag = self.b2 * diag + (1.0 if self.b2 == 1.0 else 1.0 - self.b2) * jnp.square(sg)
         graft_step = sg / (jnp.sqrt(new_diag) + self.diagonal_epsilon)
-    roots = tuple(_constrain_fit(r, (None, None)) for r in roots)     # this layer's roots, whole, for this contraction only
     pg = precondition(g, roots, plan) if plan.precondition else graft_step
     shampoo_step = pg * (jnp.linalg.norm(graft_step) / (jnp.linalg.norm(pg) + 1e-25))
     if self.weight_decay:
