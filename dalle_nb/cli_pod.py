@@ -144,8 +144,8 @@ def _add_pod_lifecycle(ps):
 
 # %% ../nbs/11a_cli_pod.ipynb #4b17a895
 def _add_pod_fit(ps):
-    from dalle_nb.model_configs import REMATS
     "`pod fit`: the ahead-of-time fit check's flags."
+    from dalle_nb.model_configs import REMATS
     p = ps.add_parser("fit", help="AOT-compile the train step for a TPU topology; exit 1 if it does not fit in HBM")
     p.add_argument("--preset", default="mega"); p.add_argument("--topology", default="v3:8x16")
     p.add_argument("--mesh", default=None, help="layout (default: the preset's bart_train.mesh)")
