@@ -132,6 +132,7 @@ def worker_start_argv(job: TrainJob) -> list[str]:
 # %% ../nbs/16_pod.ipynb #3ace2100
 @dataclass
 class Result:
+    "What a command gave back (the parts of `subprocess.CompletedProcess` the pod reads)."
     returncode: int = 0
     stdout: str = ""
     stderr: str = ""

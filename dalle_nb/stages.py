@@ -82,7 +82,9 @@ def restart_steps(until: int, steps: int, every: int = 100) -> list[int]:
     stop = until if until >= 0 else steps + until
     return list(range(every, min(stop, steps), every))
 
-def image_batches(run): return Batches.on_mesh({"image": run.images}, run.sc.batch_size, run.mesh, seed=run.sc.seed)
+def image_batches(run):
+    "The run's training images as seeded batches laid out on its mesh (the image stages' data)."
+    return Batches.on_mesh({"image": run.images}, run.sc.batch_size, run.mesh, seed=run.sc.seed)
 
 # %% ../nbs/15a_stages.ipynb #57adddbe
 def _vqgan_build(run):

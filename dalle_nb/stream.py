@@ -153,6 +153,7 @@ def on_mesh(cls, path, batch_size: int, mesh, text: TextEncoder, **kwargs) -> "T
 
 @patch_to(TokenLoader)
 def state(self) -> dict:
+    "Where the loader is (JSON): step, seed, and what a resumed run must match — batch size, dataset size, processes, filters."
     return {"step": self.step, "seed": self.seed, "batch_size": self.batch_size, "shards": self.total[0], "rows": self.total[1],
             "process_count": self.process_count, "filters": repr((self.clip_range, sorted(self.where.items())))}
 

@@ -291,7 +291,7 @@ def test_cli_encode_folder(tmp_path):
     assert r.returncode == 0, r.stderr
     assert "encoded 3 shard(s), 0 already done: 4 rows in 3 shard(s), 1 record(s) skipped (1 corrupt)" in r.stdout
     man = json.loads((tmp_path / "tok" / MANIFEST).read_text())
-    assert man["rows"] == 4 and man["model"]["name"] == "tiny" and man["runs"][0]["command"].startswith("dalle-nb encode pics")
+    assert man["rows"] == 4 and man["model"]["name"] == "shapes" and man["runs"][0]["command"].startswith("dalle-nb encode pics")
     assert read_shard(tmp_path / "tok" / "part-00000.parquet").column_names == ["key", "caption", "encoding", "clip_score"]
     r = run_cli("encode", "nowhere", "--out", "o", cwd=tmp_path)
     assert r.returncode == 2 and r.stderr.strip() == "dalle-nb: error: nowhere: no such file or directory"
