@@ -260,9 +260,15 @@ def _pure(tree):
     return jax.tree.map(lambda x: x.get_value() if isinstance(x, nnx.Variable) else x, tree,
                         is_leaf=lambda x: isinstance(x, nnx.Variable))
 
+def _save_whole_arrays():
+    "With one process, orbax writes each replicated array whole instead of a slice per replica (no gain on one host, a compile per device)."
+    handler = ocp.type_handlers.get_type_handler(jax.Array)
+    if jax.process_count() == 1 and getattr(handler, "_use_replica_parallel", False): handler._use_replica_parallel = False
+
 class Checkpointer:
     "Save/restore a state (any pytree of arrays, sharded or not) and a JSON of metadata under `directory` with orbax; keeps the last `keep`."
     def __init__(self, directory, keep: int = 2):
+        _save_whole_arrays()
         self.directory = Path(directory).absolute()
         opts = ocp.CheckpointManagerOptions(max_to_keep=keep, create=True, enable_async_checkpointing=False,
                                             cleanup_tmp_directories=True)
