@@ -119,12 +119,13 @@ def load_params(module, path, serve: bool = False, quantize: str | None = None):
         lin.serve(quantize, kernel=flat.pop(_key(p) + "/kernel"))
     state = nnx.state(module, nnx.Param)
     pure = traverse_util.flatten_dict(nnx.to_pure_dict(state))
-    fill = lambda k, v: jnp.asarray(flat.pop(_key(k)), dtype=v.dtype) if _key(k) in flat else v        # served kernels: already there
+    # cast on the host, copied by `device_put`: `jnp.asarray` compiles a program per shape and dtype (~25 ms each, every start)
+    fill = lambda k, v: jax.device_put(np.asarray(flat.pop(_key(k)), dtype=v.dtype)) if _key(k) in flat else v   # served kernels: already there
     nnx.replace_by_pure_dict(state, traverse_util.unflatten_dict({k: fill(k, v) for k, v in pure.items()}))
     nnx.update(module, state)
     abstract = lambda x: isinstance(x, jax.ShapeDtypeStruct)
     rest = nnx.state(module, nnx.Not(nnx.Param))
-    nnx.update(module, jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype) if abstract(x) else x, rest, is_leaf=abstract))
+    nnx.update(module, jax.tree.map(lambda x: jax.device_put(np.zeros(x.shape, x.dtype)) if abstract(x) else x, rest, is_leaf=abstract))
     return module
 
 # %% ../nbs/04a_weights.ipynb #5a2d80c9

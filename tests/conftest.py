@@ -9,8 +9,10 @@ Subprocesses that want one device, as a user's shell has, pass `one_device_env()
 
 Every process of one test run — both xdist workers, the notebooks and CLI runs they start — shares one persistent
 JAX compilation cache, new for each run: many tests compile the same programs (the shipped model's generation
-above all), and a cache hit is the same executable. `DALLE_NB_TEST_JAX_CACHE=0` turns it off; tests that exercise the
-cache themselves (the CLI's `DALLE_NB_CACHE`) point JAX at their own directory.
+above all), and a cache hit is the same executable. A `dalle-nb` process keeps its programs in `$DALLE_NB_CACHE/jax`,
+so the run's cache is that directory of `DALLE_NB_CACHE` (the tests' CLI processes take it from `cli_cache`).
+`DALLE_NB_TEST_JAX_CACHE=0` turns it off (each test's CLI processes then share a cache of their own); tests that time
+the cache itself (bench/generate.py's second process) make their own.
 """
 import os, shutil, tempfile
 TEST_XLA_FLAGS = os.environ.setdefault("DALLE_NB_TEST_XLA_FLAGS", "--xla_backend_optimization_level=1")
@@ -19,13 +21,21 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 _CACHE = None          # made by the process that starts the run (xdist's workers inherit it), removed when the run ends
 if (os.environ.get("DALLE_NB_TEST_JAX_CACHE", "1") != "0" and "PYTEST_XDIST_WORKER" not in os.environ
         and "JAX_COMPILATION_CACHE_DIR" not in os.environ):
-    os.environ["JAX_COMPILATION_CACHE_DIR"] = _CACHE = tempfile.mkdtemp(prefix="dalle-nb-test-jax-cache-")
+    _CACHE = tempfile.mkdtemp(prefix="dalle-nb-test-cache-")
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = os.path.join(_CACHE, "jax")
+    os.makedirs(os.environ["JAX_COMPILATION_CACHE_DIR"])
+    os.environ["DALLE_NB_CACHE"] = os.environ["DALLE_NB_TEST_CACHE"] = _CACHE   # `dalle-nb` processes, the notebooks' too
     os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.2")
     os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 
 
 def pytest_unconfigure(config):
     if _CACHE: shutil.rmtree(_CACHE, ignore_errors=True)
+
+
+def cli_cache(cwd) -> str:
+    "`DALLE_NB_CACHE` for a `dalle-nb` process a test starts: the run's shared cache, else (cache off) one in the test's `cwd`."
+    return os.environ.get("DALLE_NB_TEST_CACHE") or os.path.join(str(cwd), ".cache")
 
 
 def one_device_env(devices: int = 1, drop=(), **extra) -> dict:

@@ -5,13 +5,13 @@ import numpy as np
 import pytest
 from PIL import Image
 import dalle_nb
-from conftest import one_device_env
+from conftest import one_device_env, cli_cache
 
 EXE = shutil.which("dalle-nb") or str(Path(sys.executable).with_name("dalle-nb"))
 
 
 def run(*args, cwd=None):
-    env = one_device_env(DALLE_NB_CACHE=str(Path(cwd or ".") / ".cache"))   # conftest's 8 fake devices are for the mesh tests
+    env = one_device_env(DALLE_NB_CACHE=cli_cache(cwd or "."))   # conftest's 8 fake devices are for the mesh tests
     return subprocess.run([EXE, *args], capture_output=True, text=True, timeout=600, cwd=cwd, env=env)
 
 
@@ -186,7 +186,7 @@ def test_train_then_retrain_one_stage_then_generate(tmp_path):
 
 def test_ctrl_c_keeps_every_finished_image(tmp_path):
     "A long run interrupted as a user would (SIGINT): every batch already drawn is on disk, whole, with a grid; exit status 130."
-    env = one_device_env(DALLE_NB_CACHE=str(tmp_path / ".cache"))
+    env = one_device_env(DALLE_NB_CACHE=cli_cache(tmp_path))
     out = tmp_path / "o"
     p = subprocess.Popen([EXE, "generate", "a red circle", "--n", "100000", "--rerank", "0", "--out", str(out)], cwd=tmp_path, env=env,
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

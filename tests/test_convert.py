@@ -7,6 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from PIL import Image
+from conftest import cli_cache
 
 from dalle_nb.config import BartConfig, VQGANConfig, CLIPConfig, RunConfig
 from dalle_nb.text import bart_tokenizer, clip_tokenizer, train_tokenizer, TextEncoder, SPECIAL_TOKENS
@@ -280,7 +281,7 @@ def test_min_dalle_wrong_size_names_the_file(tmp_path):
 # ---------------------------------------------------------------- the CLI, as a user runs it
 
 def run(*args, cwd):
-    env = {**os.environ, "DALLE_NB_CACHE": str(Path(cwd) / ".cache")}
+    env = {**os.environ, "DALLE_NB_CACHE": cli_cache(cwd)}
     return subprocess.run([EXE, *args], capture_output=True, text=True, timeout=600, cwd=cwd, env=env)
 
 

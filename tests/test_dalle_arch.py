@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import cli_cache
 import jax, jax.numpy as jnp
 from flax import nnx
 from PIL import Image
@@ -57,7 +58,7 @@ def dalle_dir(tmp_path_factory):
 
 
 def run(*args, cwd):
-    env = {**os.environ, "DALLE_NB_CACHE": str(Path(cwd) / ".cache")}
+    env = {**os.environ, "DALLE_NB_CACHE": cli_cache(cwd)}
     return subprocess.run([EXE, *args], capture_output=True, text=True, timeout=600, cwd=cwd, env=env)
 
 

@@ -10,7 +10,7 @@ import pytest
 import jax, jax.numpy as jnp
 import pyarrow as pa, pyarrow.parquet as pq
 from PIL import Image
-from conftest import one_device_env
+from conftest import one_device_env, cli_cache
 from flax import nnx
 
 from dalle_nb.dataset import (encode_to_shards, open_source, decode_image, read_shard, shard_tokens, shard_files,
@@ -279,7 +279,7 @@ def test_bad_shards_are_named(models, tmp_path):
 
 
 def run_cli(*args, cwd):
-    env = one_device_env(DALLE_NB_CACHE=str(Path(cwd) / ".cache"))
+    env = one_device_env(DALLE_NB_CACHE=cli_cache(cwd))
     return subprocess.run([EXE, *args], capture_output=True, text=True, timeout=600, cwd=cwd, env=env)
 
 
