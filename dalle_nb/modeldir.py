@@ -73,7 +73,7 @@ def save_models(path, models: Models, card: str = "", dtype: str | None = "float
     path = Path(path); path.mkdir(parents=True, exist_ok=True)
     save_config(models.cfg, path / "config.json")
     models.text.save(path)
-    if models.clip_text is not None: models.clip_text.tokenizer.backend_tokenizer.save(str(path / "clip_tokenizer.json"))
+    if models.clip_text is not None: models.clip_text.tokenizer.save(str(path / "clip_tokenizer.json"))
     for name in _CLASSES:
         if getattr(models, name) is not None: save_params(getattr(models, name), path / f"{name}.msgpack", dtype=dtype)
     if card: (path / "MODEL_CARD.md").write_text(card)

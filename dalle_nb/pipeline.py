@@ -87,7 +87,7 @@ def encode_prompt(self: Pipeline, prompt: str) -> np.ndarray:
     if not isinstance(prompt, str): raise PromptError(f"prompt must be a string, got {type(prompt).__name__}")
     if not self.models.text.normalize(prompt).strip(): raise PromptError("the prompt is empty (after removing emoji, control characters and spaces)")
     ids = np.asarray(self.models.text([prompt]))
-    n_full = len(self.models.text.tokenizer(self.models.text.normalize(prompt))["input_ids"])
+    n_full = len(self.models.text.tokenizer.encode(self.models.text.normalize(prompt)).ids)
     if n_full > ids.shape[1]:
         warnings.warn(f"prompt truncated: it has {n_full} tokens, the model reads {ids.shape[1]}")
     return ids

@@ -28,7 +28,7 @@ __all__ = ['SOURCES', 'save_dalle_mini', 'save_transformers_clip', 'load_clip', 
 def save_dalle_mini(directory, models: Models, scanned: bool = True) -> Path:
     "Write `models.bart` (and its tokenizer's `vocab.json` + `merges.txt`) in dalle-mini's layout."
     path = save_flax(directory, *bart_to_dalle_mini(models.bart, scanned))
-    models.text.tokenizer.backend_tokenizer.model.save(str(path))
+    models.text.tokenizer.model.save(str(path))
     return path
 
 def save_transformers_clip(directory, clip: CLIP, clip_text: TextEncoder | None = None) -> Path:
@@ -38,7 +38,7 @@ def save_transformers_clip(directory, clip: CLIP, clip_text: TextEncoder | None 
     sd, config = clip_to_transformers(clip)
     save_file(sd, str(directory / "model.safetensors"))
     (directory / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-    if clip_text is not None: clip_text.tokenizer.backend_tokenizer.save(str(directory / "tokenizer.json"))
+    if clip_text is not None: clip_text.tokenizer.save(str(directory / "tokenizer.json"))
     return directory
 
 # %% ../nbs/09b_published.ipynb #a3f9370e

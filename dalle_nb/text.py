@@ -197,30 +197,41 @@ def _special_roles(tok) -> dict:
     raise TokenizerFileError("tokenizer has neither BART's <pad> nor CLIP's <|endoftext|> token")
 
 # %% ../nbs/01_text.ipynb #9862c550
+def _plain(tok, roles: dict):
+    "A copy of `tok` that neither truncates nor pads (a saved `tokenizer.json` may), its framing and padding tokens special."
+    from tokenizers import Tokenizer
+    t = Tokenizer.from_str(tok.to_str())
+    t.no_truncation(); t.no_padding()
+    t.add_special_tokens(sorted(set(roles.values())))
+    return t
+
 class TextEncoder:
     "Normalise + BPE-encode captions into int32 `[B, max_len]` ids (`<s> … </s>` then `<pad>`)."
     def __init__(self, tokenizer, max_len: int, normalizer: str = "dalle_nb"):
-        from transformers import PreTrainedTokenizerFast
         if normalizer not in NORMALIZERS: raise ValueError(f"unknown text normalizer {normalizer!r}; choose from {sorted(NORMALIZERS)}")
-        if isinstance(tokenizer, (str, Path)):
-            return self.__init__(TextEncoder.load(tokenizer, max_len).tokenizer, max_len, normalizer)
-        if not isinstance(tokenizer, PreTrainedTokenizerFast):
-            tokenizer = PreTrainedTokenizerFast(tokenizer_object=tokenizer, **_special_roles(tokenizer))
+        if isinstance(tokenizer, (str, Path)): tokenizer = TextEncoder.load(tokenizer, max_len).tokenizer
+        tokenizer = getattr(tokenizer, "backend_tokenizer", tokenizer)    # transformers' fast tokenizers hold one
         if max_len < 2: raise ValueError(f"max_len must be at least 2 (<s> and </s>), got {max_len}")
-        self.tokenizer, self.max_len, self.normalizer = tokenizer, max_len, normalizer
+        roles = _special_roles(tokenizer)
+        self.tokenizer = _plain(tokenizer, roles)                          # `tokenizers.Tokenizer`: whole captions, framed
+        self._framed = _plain(tokenizer, roles)                            # … truncated (keeping the end token) and padded
+        self._framed.enable_truncation(max_len)
+        self._framed.enable_padding(length=max_len, pad_id=self.tokenizer.token_to_id(roles["pad_token"]), pad_token=roles["pad_token"])
+        self._ids = {k: self.tokenizer.token_to_id(roles[k]) for k in ("pad_token", "bos_token", "eos_token")}
+        self.max_len, self.normalizer = max_len, normalizer
 
     def normalize(self, text) -> str:
         "`text` cleaned by this encoder's rules."
         return NORMALIZERS[self.normalizer](text)
 
     @property
-    def vocab_size(self) -> int: return len(self.tokenizer)
+    def vocab_size(self) -> int: return self.tokenizer.get_vocab_size(with_added_tokens=True)
     @property
-    def pad_id(self) -> int: return self.tokenizer.pad_token_id
+    def pad_id(self) -> int: return self._ids["pad_token"]
     @property
-    def bos_id(self) -> int: return self.tokenizer.bos_token_id
+    def bos_id(self) -> int: return self._ids["bos_token"]
     @property
-    def eos_id(self) -> int: return self.tokenizer.eos_token_id
+    def eos_id(self) -> int: return self._ids["eos_token"]
 
 # %% ../nbs/01_text.ipynb #feed2eb0
 @patch
@@ -232,9 +243,8 @@ def __call__(self: TextEncoder, texts) -> np.ndarray:
 @patch
 def _encode(self: TextEncoder, texts) -> np.ndarray:
     "Encode already-normalised texts, framed, truncated and padded to `max_len`."
-    enc = self.tokenizer(list(texts), padding="max_length", truncation=True, max_length=self.max_len,
-                         return_attention_mask=False)
-    return np.asarray(enc["input_ids"], np.int32)
+    texts = list(texts)
+    return np.asarray([e.ids for e in self._framed.encode_batch(texts)], np.int32).reshape(len(texts), self.max_len)
 
 @patch
 def blank(self: TextEncoder, n: int = 1) -> np.ndarray:
@@ -252,7 +262,7 @@ def save(self: TextEncoder, directory) -> Path:
     "Write `tokenizer.json` into `directory`."
     path = Path(directory) / "tokenizer.json"
     path.parent.mkdir(parents=True, exist_ok=True)
-    self.tokenizer.backend_tokenizer.save(str(path))
+    self.tokenizer.save(str(path))
     return path
 
 @patch(cls_method=True)

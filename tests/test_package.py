@@ -54,3 +54,13 @@ def test_the_engine_names_no_stage():
     "The training engine imports no model: what a stage trains comes from the stage table (`stages`, `recipe`)."
     models = {"vqgan", "bart", "clip", "dvae", "dalle", "stages", "recipe", "train_dalle"}
     assert imports_of("train") & models == set()
+
+
+def test_generating_never_imports_transformers():
+    "Loading the shipped model for generation (the CLI's path) reads its tokenizer with `tokenizers` alone: importing transformers costs every `dalle-nb generate` about two seconds."
+    import subprocess, sys
+    code = ("import sys; import dalle_nb.cli; from dalle_nb.pipeline import Pipeline; p = Pipeline(); p.models.text(['a red circle']); "
+            "print(sorted({m.split('.')[0] for m in sys.modules} & {'transformers', 'torch'}))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.strip().splitlines()[-1] == "[]", r.stdout
