@@ -179,6 +179,10 @@ def test_train_then_retrain_one_stage_then_generate(tmp_path):
     assert len(made) == 2 and made[0].endswith("--powersgd 2` → vqgan, decoder, bart, clip") and made[1].endswith("--stages clip` → clip")
     assert [l.split("|")[1].strip() for l in card.splitlines() if l.startswith("| ") and "stage" not in l] == ["vqgan", "decoder", "bart", "clip"]
     assert "| clip | 12 | 16 | shampoo |" in card and "| bart | 8 | 16 | adam |" in card
+    for s in ("vqgan", "decoder", "bart", "clip"):          # each stage's history travels with the model: the run's, whole
+        kept = json.loads((model / f"history_{s}.json").read_text())
+        assert kept == json.loads((tmp_path / "w" / f"history_{s}.json").read_text()), s
+        assert [r["step"] for r in kept if "loss" in r][-1] == (12 if s == "clip" else 8) and kept[-1]["loss"] < kept[0]["loss"], (s, kept)
     r = run("generate", "a red circle", "--n", "2", "--model", str(model), "--out", str(tmp_path / "o"), cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert sorted(p.name for p in (tmp_path / "o").iterdir()) == ["a-red-circle_seed0_0000.png", "a-red-circle_seed0_0001.png", "grid.png"]
