@@ -14,8 +14,8 @@ from .model_configs import (LN_TYPES, LN_POSITIONS, TEXT_NORMALIZERS, RECON_LOSS
                                     CLIPConfig, DVAEConfig, DalleConfig, F16_VQGAN, CLIP_VIT_B32, PAPER_DVAE)   # 00a: one config per model
 
 # %% auto #0
-__all__ = ['ARCHS', 'IMAGE_TOKENIZERS', 'PRESETS', 'parse_mesh', 'DataConfig', 'StageConfig', 'SampleConfig', 'RunConfig',
-           'to_dict', 'from_dict', 'override', 'save_config', 'load_config', 'get_config']
+__all__ = ['ARCHS', 'IMAGE_TOKENIZERS', 'PRESETS', 'MICRO_SIZES', 'parse_mesh', 'DataConfig', 'StageConfig', 'SampleConfig',
+           'RunConfig', 'to_dict', 'from_dict', 'override', 'save_config', 'load_config', 'get_config']
 
 # %% ../nbs/00_config.ipynb #30ccaa3a
 def parse_mesh(spec: str) -> dict:
@@ -272,6 +272,13 @@ def _tiny():
                                 log_every=50, eval_every=500, ckpt_every=500))
 
 PRESETS["tiny"] = _tiny
+
+# %% ../nbs/00_config.ipynb #0689332a
+MICRO_SIZES = ("vqgan.ch=8", "vqgan.z_channels=8", "vqgan.embed_dim=8", "vqgan.n_embed=32", "vqgan.norm_groups=4",
+               "bart.image_codes=32", "bart.image_vocab=32", "bart.d_model=32", "bart.encoder_layers=1", "bart.decoder_layers=1",
+               "bart.heads=2", "bart.glu_dim=32",
+               "clip.vision_width=32", "clip.vision_layers=1", "clip.vision_heads=2", "clip.vision_mlp=64", "clip.text_width=32",
+               "clip.text_layers=1", "clip.text_heads=2", "clip.text_mlp=64", "clip.embed_dim=16")
 
 # %% ../nbs/00_config.ipynb #a541221b
 def _shapes():

@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 from PIL import Image
 import dalle_nb
+from dalle_nb.config import MICRO_SIZES
 from conftest import one_device_env, cli_cache
 
 EXE = shutil.which("dalle-nb") or str(Path(sys.executable).with_name("dalle-nb"))
@@ -155,12 +156,7 @@ def test_info():
     assert r.returncode == 0 and "parameters:" in r.stdout and "dalle_nb model" in r.stdout
 
 
-MICRO = ["data.n_train=256", "data.n_val=64",
-         "vqgan.ch=8", "vqgan.z_channels=8", "vqgan.embed_dim=8", "vqgan.n_embed=32", "vqgan.norm_groups=4",
-         "bart.image_codes=32", "bart.image_vocab=32", "bart.d_model=32", "bart.encoder_layers=1", "bart.decoder_layers=1",
-         "bart.heads=2", "bart.glu_dim=32",
-         "clip.vision_width=32", "clip.vision_layers=1", "clip.vision_heads=2", "clip.vision_mlp=64", "clip.text_width=32",
-         "clip.text_layers=1", "clip.text_heads=2", "clip.text_mlp=64", "clip.embed_dim=16",
+MICRO = ["data.n_train=256", "data.n_val=64", *MICRO_SIZES,
          *(f"{s}_train.{k}={v}" for s in ("vqgan", "decoder", "bart", "clip")
            for k, v in (("steps", 8), ("batch_size", 16), ("log_every", 4), ("eval_every", 8), ("warmup_steps", 2)))]
 

@@ -8,16 +8,13 @@ process 0 writes the history and the model directory; the checkpoint holds shard
 import json, shutil, socket, subprocess, sys
 from pathlib import Path
 import pytest
+from dalle_nb.config import MICRO_SIZES
 from conftest import one_device_env
 
 EXE = shutil.which("dalle-nb") or str(Path(sys.executable).with_name("dalle-nb"))
 
 SETS = ["data.n_train=64", "data.n_val=64",          # one shape for the training and validation images: one encoder compile
-        "vqgan.ch=8", "vqgan.z_channels=8", "vqgan.embed_dim=8", "vqgan.n_embed=32", "vqgan.norm_groups=4",
-        "bart.image_codes=32", "bart.image_vocab=32", "bart.d_model=32", "bart.encoder_layers=1", "bart.decoder_layers=1",
-        "bart.heads=2", "bart.glu_dim=32",
-        "clip.vision_width=32", "clip.vision_layers=1", "clip.vision_heads=2", "clip.vision_mlp=64", "clip.text_width=32",
-        "clip.text_layers=1", "clip.text_heads=2", "clip.text_mlp=64", "clip.embed_dim=16",
+        *MICRO_SIZES,
         "bart_train.steps=4", "bart_train.batch_size=8", "bart_train.log_every=1", "bart_train.eval_every=4",
         "bart_train.ckpt_every=2", "bart_train.warmup_steps=1", "bart_train.blank_caption_prob=0.25"]
 

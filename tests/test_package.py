@@ -3,7 +3,7 @@
 Imports are read from the source (`ast`), wherever they sit — at the top or inside a function (a lazy import is
 still a dependency) — so a circle shows up even when Python would tolerate it at run time.
 """
-import ast
+import ast, re, sys, tomllib
 from pathlib import Path
 
 PKG = Path(__file__).resolve().parents[1] / "dalle_nb"
@@ -64,3 +64,30 @@ def test_generating_never_imports_transformers():
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.strip().splitlines()[-1] == "[]", r.stdout
+
+
+DIST = {"PIL": "pillow", "orbax": "orbax-checkpoint", "jaxlib": "jax"}   # import name -> distribution where they differ (jaxlib comes with jax)
+OPTIONAL = {"torch": "convert"}      # only to read .pt files, imported inside `try` with a one-line error naming `pip install torch`
+
+
+def third_party_imports() -> dict:
+    "Each library (not the standard library, not the package) any module imports anywhere -> the modules importing it."
+    found = {}
+    for m in MODULES:
+        for n in ast.walk(ast.parse((PKG / f"{m}.py").read_text())):
+            names = [a.name for a in n.names] if isinstance(n, ast.Import) else [n.module] if isinstance(n, ast.ImportFrom) and n.level == 0 else []
+            for top in {x.split(".")[0] for x in names if x}:
+                if top not in sys.stdlib_module_names and top not in ("dalle_nb", "__future__"): found.setdefault(top, set()).add(m)
+    return found
+
+
+def test_the_package_imports_only_its_declared_dependencies():
+    "`pip install dalle_nb` brings everything the package imports: nothing may arrive only with the dev extra or by way of another library."
+    deps = {re.split(r"[<>=!~\[; ]", d, maxsplit=1)[0].lower() for d in
+            tomllib.loads((PKG.parent / "pyproject.toml").read_text())["project"]["dependencies"]}
+    used = third_party_imports()
+    assert {"jax", "tokenizers", "safetensors", "scipy"} <= set(used), sorted(used)      # the reader sees the imports
+    missing = {m: sorted(by) for m, by in used.items() if DIST.get(m, m).lower() not in deps and m not in OPTIONAL}
+    assert not missing, f"imported but not in pyproject's dependencies: {missing}"
+    assert all(used.get(m, set()) <= {mod} for m, mod in OPTIONAL.items()), {m: used.get(m) for m in OPTIONAL}
+    assert "transformers" not in used and "transformers" not in deps     # tokenizers reads tokenizer.json itself
