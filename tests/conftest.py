@@ -29,6 +29,28 @@ if (os.environ.get("DALLE_NB_TEST_JAX_CACHE", "1") != "0" and "PYTEST_XDIST_WORK
     os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 
 
+# The longest tests, longest first (their durations in docs/experiments/2026-11-25-suite-time.md), and xdist handing
+# out tests one at a time as its workers free up (`--maxschedchunk 1`; by default each worker starts with a quarter of
+# its share in one consecutive block, which would give one worker every long test): the two workers share the long
+# tests out and end together, instead of one idling while the other runs a long notebook at the end.
+LONGEST_FIRST = ("test_cli.py::test_train_then_retrain", "test_notebook[15_train]", "test_notebook[15a_stages]",
+                 "test_peers.py::test_generate_bench_runs", "test_notebook[06_bart]", "test_notebook[13b_shampoo]",
+                 "test_notebook[08_clip]", "test_notebook[07_sample]", "test_multihost.py::test_two_processes_train_like_one",
+                 "test_notebook[20_train_dalle]", "test_bench.py::test_optimizers_runs", "test_notebook[05_vqgan]",
+                 "test_notebook[10_pipeline]", "test_notebook[17_dvae]", "test_bench.py::test_paper_techniques_runs",
+                 "test_notebook[18_dalle]", "test_pod.py::test_local_pod", "test_notebook[16a_fitcheck]")
+
+
+def pytest_configure(config):
+    if getattr(config.option, "maxschedchunk", "no xdist") is None: config.option.maxschedchunk = 1   # unless given
+
+
+def pytest_collection_modifyitems(config, items):
+    "Start with `LONGEST_FIRST`, in its order; every other test keeps its place after them."
+    rank = lambda item: next((i for i, k in enumerate(LONGEST_FIRST) if k in item.nodeid), len(LONGEST_FIRST))
+    items.sort(key=rank)
+
+
 def pytest_unconfigure(config):
     if _CACHE: shutil.rmtree(_CACHE, ignore_errors=True)
 
