@@ -29,7 +29,7 @@ if (os.environ.get("DALLE_NB_TEST_JAX_CACHE", "1") != "0" and "PYTEST_XDIST_WORK
     os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 
 
-# The longest tests, longest first (their durations in docs/experiments/2026-11-25-suite-time.md), and xdist handing
+# The longest tests, longest first (by `pytest --durations`, session 36; docs/experiments/2026-11-25-suite-time.md), and xdist handing
 # out tests one at a time as its workers free up (`--maxschedchunk 1`; by default each worker starts with a quarter of
 # its share in one consecutive block, which would give one worker every long test): the two workers share the long
 # tests out and end together, instead of one idling while the other runs a long notebook at the end.
