@@ -15,7 +15,8 @@ from .published import load_dalle_mini
 
 # %% auto #0
 __all__ = ['VQGAN_F16', 'CLIP_B32', 'PUBLISHED', 'Repo', 'Published', 'HubError', 'published', 'package_cache', 'converted_dir',
-           'file_hash', 'verify', 'download', 'convert_published', 'model_dir', 'memory_needed', 'status']
+           'file_hash', 'verify', 'download', 'convert_published', 'model_dir', 'is_published', 'memory_needed',
+           'status']
 
 # %% ../nbs/09c_hub.ipynb #862e6a50
 @dataclass(frozen=True)
@@ -170,6 +171,12 @@ def model_dir(name: str) -> Path:
     return converted_dir(p) if converted_dir(p).is_dir() else convert_published(p.name, download(p.name))
 
 # %% ../nbs/09c_hub.ipynb #feacf2ce
+def is_published(model) -> bool:
+    "Whether `model` names a published set (`PUBLISHED` name or Hub id) rather than an existing folder."
+    if not isinstance(model, str) or Path(model).expanduser().exists(): return False
+    return model in PUBLISHED or any(model == p.bart.repo_id for p in PUBLISHED.values())
+
+# %% ../nbs/09c_hub.ipynb #836370df
 def memory_needed(p: Published, images: int = 1) -> int:
     "About the bytes generating `images` at once with `p` takes: float32 weights of its preset's models and the decode state."
     import jax
@@ -185,7 +192,7 @@ def memory_needed(p: Published, images: int = 1) -> int:
     jax.eval_shape(lambda: state.append(state_bytes(_CLASSES["bart"](cfg.bart, rngs=nnx.Rngs(0)), images)))
     return weights + state[0]
 
-# %% ../nbs/09c_hub.ipynb #836370df
+# %% ../nbs/09c_hub.ipynb #eace8e51
 def _file_size(repo: Repo, entry, ask: list) -> tuple:
     "`(bytes or None, cached?)` of one file entry of `repo`; `ask[0]` turns False at the Hub's first failure."
     from huggingface_hub import hf_hub_download, get_hf_file_metadata, hf_hub_url, constants

@@ -69,8 +69,12 @@ class PromptError(ValueError):
 class Pipeline:
     "Text → ranked images with a loaded model directory."
     def __init__(self, models: Models | str | Path | None = None, batch_size: int = 16, quantize: str | None = None):
+        "`models`: loaded `Models`, a model directory, or a published set's name (`'mega'`, `dalle_nb.hub`), fetched and converted on first use.\n\n"
         "`quantize`: the text→image transformer's weights as float32 (`None`), `'bfloat16'` or `'int8'` (`Linear.serve`)."
         if quantize not in QUANTIZE: raise SettingError("quantize", f"must be one of {', '.join(map(str, QUANTIZE))}; got {quantize!r}")
+        from dalle_nb.hub import is_published, published, model_dir
+        hub_name = published(models).name if is_published(models) else None
+        if hub_name: models = model_dir(hub_name)                  # HubError (one line) when it cannot be fetched
         self.models, self.quantize = serving_models(models, quantize), quantize
         self.cfg, self.batch_size = self.models.cfg, check_setting("batch_size", batch_size)
         jit = lambda f: nnx.jit(f, graph_updates=False)       # the models are read only: no copy of them out of each call
@@ -78,7 +82,7 @@ class Pipeline:
         self._encode = jit(lambda m, x: m.encode(x))
         self._score = jit(clip_scores) if self.models.clip is not None else None
         path = self.models.path
-        self.name = "shipped" if path is not None and Path(path).resolve() == default_model_dir().resolve() else str(path)
+        self.name = hub_name or ("shipped" if path is not None and Path(path).resolve() == default_model_dir().resolve() else str(path))
 
 # %% ../nbs/10_pipeline.ipynb #b904f844
 @patch
@@ -91,6 +95,16 @@ def encode_prompt(self: Pipeline, prompt: str) -> np.ndarray:
     if n_full > ids.shape[1]:
         warnings.warn(f"prompt truncated: it has {n_full} tokens, the model reads {ids.shape[1]}")
     return ids
+
+# %% ../nbs/10_pipeline.ipynb #fb8fed00
+@patch
+def encode_negative(self: Pipeline, negative: str | None, cond_scale: float) -> np.ndarray | None:
+    "Text ids `[1, S]` of a negative prompt (None for none or an empty one); it needs super conditioning (`cond_scale` ≠ 1)."
+    if negative is None or (isinstance(negative, str) and not negative.strip()): return None
+    if cond_scale == 1: raise SettingError("negative", "needs super conditioning (cond_scale other than 1): it is the caption of the unconditional rows")
+    try: return self.encode_prompt(negative)
+    except PromptError as e: raise SettingError("negative", f"prompt cannot be used: {e}") from None
+
 
 # %% ../nbs/10_pipeline.ipynb #0d29f8fe
 @patch(as_prop=True)
@@ -164,12 +178,14 @@ def image_prompt(self: Pipeline, image, keep_rows: int | None):
 
 # %% ../nbs/10_pipeline.ipynb #bcd239a6
 @patch
-def _batch(self: Pipeline, text_ids, keys, pad_to: int, st: dict, prefix=None, keep: int = 0, every=None):
-    "Draw one batch of rows (padded to `pad_to` rows: one compiled shape): yields `(t, ids [rows, t])`, every `every` tokens or once."
+def _batch(self: Pipeline, text_ids, keys, pad_to: int, st: dict, prefix=None, keep: int = 0, every=None, negative_ids=None):
+    "Draw one batch of rows (padded to `pad_to` rows: one compiled shape): yields `(t, ids [rows, t])`, every `every` tokens or once.\n\n"
+    "The unconditional rows of super conditioning read `negative_ids` `[1, S]` (a negative prompt), else the empty caption."
     rows, pad = len(text_ids), pad_to - len(text_ids)
     fill = lambda a: np.concatenate([np.asarray(a), np.repeat(np.asarray(a)[:1], pad, 0)]) if pad else a
     keys = jnp.concatenate([keys, jnp.repeat(keys[:1], pad, 0)]) if pad else keys
-    kw = dict(blank_ids=np.repeat(np.asarray(self.models.text.blank(1)), pad_to, 0), cond_scale=st["cond_scale"],
+    uncond = self.models.text.blank(1) if negative_ids is None else negative_ids
+    kw = dict(blank_ids=np.repeat(np.asarray(uncond), pad_to, 0), cond_scale=st["cond_scale"],
               temperature=st["temperature"], top_k=st["top_k"], top_p=st["top_p"], plausibility=st["plausibility"],
               prefix=None if prefix is None else np.repeat(prefix, pad_to, 0), keep=keep)
     if every is None:
@@ -217,13 +233,14 @@ def decode_partial(self: Pipeline, tokens) -> np.ndarray:
 # %% ../nbs/10_pipeline.ipynb #1512e47a
 @patch
 def stream(self: Pipeline, prompts, n=None, rerank=None, cond_scale=None, seed=0, temperature=None, top_k=None, top_p=None,
-           plausibility=None, image_prompt=None, keep_rows=None, every=None, indices=None, pad_to=None):
+           plausibility=None, image_prompt=None, keep_rows=None, every=None, indices=None, pad_to=None, negative=None):
     "Sample candidates `indices` (default `range(n)`) of one prompt or a list, batch by batch: a `Step` every `every` tokens and when a batch is done."
     prompts = [prompts] if isinstance(prompts, str) else list(prompts)
     st = self.settings(n, rerank, cond_scale, seed, temperature, top_k, top_p, plausibility)
     every = None if every is None else check_setting("every", every)
     prefix, keep = self.image_prompt(image_prompt, keep_rows)
     ids = np.concatenate([self.encode_prompt(p) for p in prompts])
+    negative_ids = self.encode_negative(negative, st["cond_scale"])
     if st["rerank"]: clip_ids = [ids[j:j + 1] if self.models.clip_text is None else self.models.clip_text([p]) for j, p in enumerate(prompts)]
     idx = np.arange(st["n"]) if indices is None else np.asarray(indices, int)
     P, I = np.repeat(np.arange(len(prompts)), len(idx)), np.tile(idx, len(prompts))
@@ -231,7 +248,7 @@ def stream(self: Pipeline, prompts, n=None, rerank=None, cond_scale=None, seed=0
     done = 0
     for b in range(0, len(P), bs):
         p, i = P[b:b + bs], I[b:b + bs]
-        for t, toks in self._batch(ids[p], row_keys(st["seed"], i), bs, st, prefix, keep, every):
+        for t, toks in self._batch(ids[p], row_keys(st["seed"], i), bs, st, prefix, keep, every, negative_ids):
             if t < self.image_len: yield Step(p, i, to_uint8(self.decode_partial(toks)), toks, t, self.image_len, done, len(P))
         images, scores = self.decode(toks), None
         if st["rerank"]:
@@ -294,6 +311,7 @@ def many(self: Pipeline, prompts, callback=None, **kw) -> list[Result]:
     sampling = {k: kw[k] for k in ("n", "rerank", "cond_scale", "seed", "temperature", "top_k", "top_p", "plausibility") if k in kw}
     st = self.settings(**sampling)
     if self.quantize: st["quantize"] = self.quantize                                # in every record: `--from` draws with it
+    if kw.get("negative"): st["negative"] = kw["negative"]
     st["batch"] = kw.get("pad_to") or min(self.batch_size, st["n"] * len(prompts) if kw.get("indices") is None else len(kw["indices"]) * len(prompts))
     if kw.get("image_prompt") is not None:
         st.update(keep_rows=check_setting("keep_rows", self.grid // 2 if kw.get("keep_rows") is None else kw["keep_rows"], high=self.grid),
@@ -312,10 +330,12 @@ def many(self: Pipeline, prompts, callback=None, **kw) -> list[Result]:
 # %% ../nbs/10_pipeline.ipynb #40356e8e
 @patch
 def __call__(self: Pipeline, prompt: str, n=None, rerank=None, cond_scale=None, seed=0, temperature=None, top_k=None, top_p=None,
-             plausibility=None, image_prompt=None, keep_rows=None, every=None, callback=None) -> Result:
-    "Sample `n` candidates for `prompt` (completing the top `keep_rows` token rows of `image_prompt` if given), rank them with CLIP, return the best `rerank`."
+             plausibility=None, image_prompt=None, keep_rows=None, every=None, callback=None, negative=None) -> Result:
+    "Sample `n` candidates for `prompt` (completing the top `keep_rows` token rows of `image_prompt` if given), rank them with CLIP, return the best `rerank`.\n\n"
+    "`negative`: a caption the unconditional rows of super conditioning read instead of the empty one (what not to draw)."
     return self.many([prompt], callback=callback, n=n, rerank=rerank, cond_scale=cond_scale, seed=seed, temperature=temperature, top_k=top_k,
-                     top_p=top_p, plausibility=plausibility, image_prompt=image_prompt, keep_rows=keep_rows, every=every)[0]
+                     top_p=top_p, plausibility=plausibility, image_prompt=image_prompt, keep_rows=keep_rows, every=every,
+                     negative=negative)[0]
 
 # %% ../nbs/10_pipeline.ipynb #d2d6b7e6
 def roundtrip_table(pipe: Pipeline, k: int = 24, seed: int = 0) -> dict:
@@ -390,7 +410,7 @@ def regenerate(self: Pipeline, record: dict) -> tuple[Result, bool]:
     if image is not None and not Path(image).is_file(): raise ValueError(f"the image prompt it completed, {image}, is not there any more")
     kw = {k: s[k] for k in _SAMPLING if k in s}
     r = self.many([record["prompt"]], **{**kw, "rerank": 0}, indices=[int(record["index"])], pad_to=s.get("batch"),
-                  image_prompt=image, keep_rows=s.get("keep_rows") if image is not None else None)[0]
+                  image_prompt=image, keep_rows=s.get("keep_rows") if image is not None else None, negative=s.get("negative"))[0]
     r.settings = {**r.settings, "rerank": kw.get("rerank", 0), "batch": s.get("batch")}
     return r, [int(t) for t in r.tokens[0]] == list(record.get("tokens", []))
 
