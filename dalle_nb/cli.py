@@ -11,7 +11,8 @@ from pathlib import Path
 from .cli_pod import add_pod_commands        # `dalle-nb pod …` (11a_cli_pod)
 
 # %% auto #0
-__all__ = ['UsageError', 'cmd_train', 'cmd_info', 'cmd_encode', 'cmd_convert', 'cmd_generate', 'build_parser', 'main']
+__all__ = ['UsageError', 'cmd_train', 'doctor', 'cmd_info', 'cmd_encode', 'cmd_convert', 'cmd_models', 'cmd_download',
+           'cmd_generate', 'build_parser', 'main']
 
 # %% ../nbs/11_cli.ipynb #66f096ee
 class UsageError(Exception):
@@ -70,13 +71,53 @@ def cmd_train(a) -> int:
     if is_primary(): print(f"model directory: {Path(out).resolve()}")
     return 0
 
+# %% ../nbs/11_cli.ipynb #d3f962c7
+_INSTALL = {"gpu": 'pip install "dalle-nb[gpu]"   (from a clone: pip install -e ".[gpu]")',
+            "tpu": 'pip install "dalle-nb[tpu]"   (from a clone: pip install -e ".[tpu]")'}
+
+def _nvidia_gpus() -> list[str]:
+    "GPU names `nvidia-smi` lists (empty without it, or when it fails)."
+    import shutil, subprocess
+    if shutil.which("nvidia-smi") is None: return []
+    try: out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError): return []
+    return [l.strip() for l in out.stdout.splitlines() if l.strip()] if out.returncode == 0 else []
+
+def _dir_size(d: Path) -> tuple[int, int]:
+    "`(bytes, files)` under `d` (0, 0 if it is not there)."
+    files = [f for f in d.rglob("*") if f.is_file()] if d.is_dir() else []
+    return sum(f.stat().st_size for f in files), len(files)
+
+def doctor(devices, gpus: list[str], tpu: list[str], cache_dir, host_memory: int | None, platforms: str = "") -> list[str]:
+    "What `dalle-nb info` says of the machine: JAX's backend and devices, memory, the compilation cache; hardware JAX does not use."
+    gib = lambda b, what: "memory unknown" if b is None else f"{b / 2**30:.1f} GiB{what}"
+    mem = lambda d: gib((d.memory_stats() or {}).get("bytes_limit"), "") if d.platform != "cpu" else gib(host_memory, " free on the host")
+    kinds = ", ".join(f"{d.platform}:{d.id} {getattr(d, 'device_kind', '')} ({mem(d)})" for d in devices)
+    lines = [f"jax backend: {devices[0].platform}; {len(devices)} device(s): {kinds}"]
+    size, n = _dir_size(Path(cache_dir)) if cache_dir else (0, 0)
+    shown = str(cache_dir).replace(str(Path.home()), "~", 1)
+    lines.append(f"compilation cache: {shown} ({size / 2**20:.1f} MiB in {n} file(s))" if cache_dir else "compilation cache: off")
+    if devices[0].platform == "cpu":
+        why = " (JAX_PLATFORMS is set to cpu)" if platforms.strip().lower() == "cpu" else ""
+        if gpus: lines.append(f"warning: nvidia-smi sees {len(gpus)} GPU(s) ({gpus[0]}) but JAX sees only the CPU{why}; "
+                              f"install JAX's CUDA plugin: {_INSTALL['gpu']}")
+        if tpu: lines.append(f"warning: a TPU is attached ({tpu[0]}) but JAX sees only the CPU{why}; install libtpu: {_INSTALL['tpu']}")
+    return lines
+
 # %% ../nbs/11_cli.ipynb #c1000ff6
 def cmd_info(a) -> int:
-    "Describe a model directory: config summary, parameter counts, model card."
+    "The machine as JAX sees it (`doctor`), then a model directory (or a downloaded published set): config, parameter counts, model card."
+    import glob
     from dalle_nb.modeldir import load_models, ModelDirError
+    from dalle_nb.hub import is_published, published, converted_dir
+    from dalle_nb.pipeline import available_memory
     import jax
     from flax import nnx
-    try: m = load_models(a.model)
+    for line in doctor(jax.devices(), _nvidia_gpus(), sorted(glob.glob("/dev/accel*")), jax.config.jax_compilation_cache_dir,
+                       available_memory(), os.environ.get("JAX_PLATFORMS", "")): print(line)
+    model = converted_dir(published(a.model)) if is_published(a.model) else a.model
+    if is_published(a.model) and not model.is_dir(): raise UsageError(f"model {a.model!r} is not downloaded yet: dalle-nb download {a.model}")
+    try: m = load_models(model)
     except ModelDirError as e: raise UsageError(str(e)) from None
     count = lambda mod: sum(x.size for x in jax.tree.leaves(nnx.state(mod, nnx.Param))) if mod is not None else 0
     print(f"model directory: {m.path}")
@@ -126,6 +167,31 @@ def cmd_convert(a) -> int:
     print(f"model directory: {Path(path).resolve()}   (dalle-nb generate \"...\" --model {path})")
     return 0
 
+# %% ../nbs/11_cli.ipynb #43002900
+def _gib(b) -> str: return "?" if b is None else f"{b / 2**30:.2f} GiB"
+
+def cmd_models(a) -> int:
+    "List the published sets `--model` takes by name: repositories, download size, memory for 1 and 8 images, what is on disk."
+    from dalle_nb.hub import PUBLISHED, status, memory_needed
+    ask = [True]
+    for name, p in PUBLISHED.items():
+        st = status(name, ask_hub=ask[0] and not a.offline)
+        if st["download"] is None: ask[0] = False                      # the Hub did not answer: do not wait on it again
+        conv = f"converted: {st['converted']} ({_gib(st['converted_bytes'])})" if st["converted"] else "not converted"
+        print(f"{name:6s} {st['about']}\n       from {', '.join(st['repos'])}")
+        print(f"       download {_gib(st['download'])}; memory about {_gib(memory_needed(p, 1))} for 1 image, "
+              f"{_gib(memory_needed(p, 8))} for 8 at once")
+        print(f"       on disk: {_gib(st['cached'])} downloaded{' (all files)' if st['complete'] else ''}; {conv}")
+    return 0
+
+def cmd_download(a) -> int:
+    "Fetch a published set by name and convert it into its model directory (no generation)."
+    from dalle_nb.hub import model_dir, HubError
+    try: path = model_dir(a.name)
+    except HubError as e: raise UsageError(str(e)) from None
+    print(f"model directory: {path}   (dalle-nb generate \"...\" --model {a.name})")
+    return 0
+
 # %% ../nbs/11_cli.ipynb #238a5680
 _FLAGS = dict(every="--progressive", image_prompt="--image-prompt")   # settings whose flag is not `--` + the name, dashed
 
@@ -165,6 +231,7 @@ def _checked(a, prompts):
     "Load the model and check every setting, prompt and the image prompt before any work; `(pipeline, settings, warnings)`."
     from dalle_nb.pipeline import Pipeline, PromptError, SettingError, check_setting
     from dalle_nb.modeldir import ModelDirError
+    from dalle_nb.hub import HubError
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
@@ -173,6 +240,7 @@ def _checked(a, prompts):
                 if getattr(a, name) is not None: check_setting(name, getattr(a, name))   # NaN, sign: before loading anything
             pipe = Pipeline(a.model, quantize=a.quantize)
             st = pipe.settings(a.n, a.rerank, a.cond_scale, 0 if a.seed is None else a.seed, a.temperature, a.top_k, a.top_p, a.plausibility)
+            pipe.encode_negative(a.negative, st["cond_scale"])
             for i, p in enumerate(prompts):
                 try: pipe.encode_prompt(p)
                 except PromptError as e: raise PromptError(f"--prompts {a.prompts} prompt {i + 1} ({p!r}): {e}" if a.prompts else str(e)) from None
@@ -181,7 +249,7 @@ def _checked(a, prompts):
             pipe.batch_size = pipe.batch_for(st["n"], st["rerank"], len(prompts), None if a.max_memory is None else a.max_memory * 2**30)
             if pipe.batch_size < asked: warnings.warn(f"drawing {pipe.batch_size} image(s) at a time, not {asked}, to fit {'--max-memory' if a.max_memory else 'the free memory'}")
     except SettingError as e: raise UsageError(f"{_flag(e.name)} {e.message}") from None
-    except (PromptError, ModelDirError, ValueError) as e: raise UsageError(str(e)) from None
+    except (PromptError, ModelDirError, ValueError, HubError) as e: raise UsageError(str(e)) from None
     return pipe, dict(st, every=every), [str(w.message) for w in caught]
 
 # %% ../nbs/11_cli.ipynb #94a2d769
@@ -255,7 +323,7 @@ def cmd_generate(a) -> int:
         bar.set_postfix_str("" if step.final else f"tokens {step.t}/{step.image_len}")
         return not stop.is_set()
     with _ctrl_c_sets(stop):
-        try: pipe.many(prompts, callback=on_step, every=st["every"], image_prompt=a.image_prompt, keep_rows=a.keep_rows,
+        try: pipe.many(prompts, callback=on_step, every=st["every"], image_prompt=a.image_prompt, keep_rows=a.keep_rows, negative=a.negative,
                        **{k: st[k] for k in ("n", "rerank", "cond_scale", "seed", "temperature", "top_k", "top_p", "plausibility")})
         except KeyboardInterrupt: stop.set()                         # the second Ctrl-C
         finally: preview = frames.gif()
@@ -274,8 +342,9 @@ def _regenerate(a) -> int:
     "`generate --from PNG`: draw the image a PNG's generation record describes again, into `--out`."
     from dalle_nb.pipeline import Pipeline, read_record
     from dalle_nb.modeldir import ModelDirError
+    from dalle_nb.hub import HubError
     given = [f for f in ("prompt", "prompts", "n", "rerank", "cond_scale", "seed", "temperature", "top_k", "top_p", "plausibility",
-                         "image_prompt", "keep_rows", "progressive") if getattr(a, f) is not None]
+                         "image_prompt", "keep_rows", "progressive", "negative") if getattr(a, f) is not None]
     if given: raise UsageError(f"--from draws the image again with its own settings; drop {', '.join(_flag(f) if f != 'prompt' else 'the prompt' for f in given)}")
     if not Path(a.from_png).is_file(): raise UsageError(f"--from {a.from_png}: no such file")
     try: rec = read_record(a.from_png)
@@ -283,6 +352,7 @@ def _regenerate(a) -> int:
     model = a.model or (None if rec.get("model") in ("shipped", "", None) else rec["model"])
     try: r, same = Pipeline(model, quantize=a.quantize or rec.get("settings", {}).get("quantize")).regenerate(rec)
     except ModelDirError as e: raise UsageError(f"{e} (the model the image was made with; give --model DIR)") from None
+    except HubError as e: raise UsageError(str(e)) from None
     except ValueError as e: raise UsageError(f"--from {a.from_png}: {e}") from None
     paths = r.save(_writable(Path(a.out), ["."])[0])
     if not same: print("dalle-nb: warning: the tokens differ from the ones recorded (another machine or library version draws differently)", file=sys.stderr)
@@ -307,7 +377,10 @@ def _add_generate(sub):
     g.add_argument("--top-p", type=float, default=None, help="nucleus sampling mass (1 = off)")
     g.add_argument("--plausibility", type=float, default=None,
                    help="keep only ids the conditional model gives >= this fraction of its top probability (0 = off)")
-    g.add_argument("--model", default=None, help="model directory (default: the shipped shapes model)")
+    g.add_argument("--model", default=None, help="model directory, or a published set by name: mega, mini or their Hub ids, fetched "
+                                                 "and converted on first use (dalle-nb models lists them; default: the shipped shapes model)")
+    g.add_argument("--negative", default=None, metavar="TEXT",
+                   help="negative prompt: what not to draw (the caption super conditioning steers away from; needs --cond-scale other than 1)")
     g.add_argument("--image-prompt", default=None, metavar="PNG", help="complete this image: keep the top --keep-rows token rows, draw the rest")
     g.add_argument("--keep-rows", type=int, default=None, metavar="K", help="token rows of --image-prompt to keep (default: half the grid)")
     g.add_argument("--progressive", type=int, default=None, metavar="K",
@@ -351,8 +424,8 @@ def _add_train(sub):
 # %% ../nbs/11_cli.ipynb #49f8ea8d
 def _add_info_encode(sub):
     "`dalle-nb info`'s and `dalle-nb encode`'s flags."
-    i = sub.add_parser("info", help="describe a model directory")
-    i.add_argument("--model", default=None)
+    i = sub.add_parser("info", help="what JAX sees (backend, devices, memory, compilation cache; a GPU it misses), and a model directory")
+    i.add_argument("--model", default=None, help="model directory or downloaded published set (default: the shipped model)")
     i.set_defaults(func=cmd_info)
     e = sub.add_parser("encode", help="images + captions → VQGAN token shards (parquet + manifest.json) for training")
     e.add_argument("source", nargs="+", help="a folder of images with same-name .txt captions, webdataset .tar files, or .parquet files")
@@ -383,12 +456,22 @@ def _add_convert(sub):
                                                             "(not stored in the files)")
     c.set_defaults(func=cmd_convert)
 
+# %% ../nbs/11_cli.ipynb #c4ce65c4
+def _add_hub(sub):
+    "`dalle-nb models`' and `dalle-nb download`'s flags."
+    m = sub.add_parser("models", help="published sets --model takes by name: repositories, download size, memory, what is on disk")
+    m.add_argument("--offline", action="store_true", help="ask the Hub nothing (sizes of files not downloaded are then unknown)")
+    m.set_defaults(func=cmd_models)
+    d = sub.add_parser("download", help="fetch a published set by name (mega, mini, a Hub id) and convert it, without generating")
+    d.add_argument("name", help="mega, mini, or a published set's Hub id (dalle-nb models lists them)")
+    d.set_defaults(func=cmd_download)
+
 # %% ../nbs/11_cli.ipynb #53b9263c
 def build_parser() -> argparse.ArgumentParser:
     "The `dalle-nb` argument parser: generate, train, info, encode, convert, pod."
     p = argparse.ArgumentParser(prog="dalle-nb", description="DALL·E Mega in JAX/Flax: generate images from text, train models.")
     sub = p.add_subparsers(dest="command", required=True)
-    _add_generate(sub); _add_train(sub); _add_info_encode(sub); _add_convert(sub)
+    _add_generate(sub); _add_train(sub); _add_info_encode(sub); _add_convert(sub); _add_hub(sub)
     add_pod_commands(sub, UsageError)                 # dalle-nb pod create|setup|launch|logs|list|stop|delete|watch|fit
     return p
 

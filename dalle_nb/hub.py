@@ -67,8 +67,8 @@ def package_cache() -> Path:
     return Path(os.environ.get("DALLE_NB_CACHE") or Path.home() / ".cache" / "dalle_nb")
 
 def converted_dir(p: Published) -> Path:
-    "Where the model directory converted from `p` lives (it exists only once complete)."
-    return package_cache() / "models" / f"{p.name}-{p.bart.revision[:12]}"
+    "Where the model directory converted from `p` lives (it exists only once complete): under `$DALLE_NB_MODELS`, else the package cache."
+    return Path(os.environ.get("DALLE_NB_MODELS") or package_cache() / "models") / f"{p.name}-{p.bart.revision[:12]}"
 
 # %% ../nbs/09c_hub.ipynb #d5584917
 def file_hash(path, kind: str) -> str:
@@ -110,8 +110,7 @@ def _ask_hub(name: str, repo: Repo, filename: str) -> bool:
                        "check HF_ENDPOINT and the revision, or try later") from None
     except Exception as e:
         raise HubError(f"model {name!r}: no answer from the Hub at {constants.ENDPOINT} for {what} within {t:g}s "
-                       f"({type(e).__name__}); check the network or HF_ENDPOINT, then run again "
-                       "(what was downloaded is kept and resumed)") from None
+                       f"({type(e).__name__}); check the network or HF_ENDPOINT, then run again") from None
     return True
 
 # %% ../nbs/09c_hub.ipynb #a17f209e
@@ -133,8 +132,8 @@ def _fetch(name: str, repo: Repo, entry, offline: bool) -> Path:
             try: return verify(get(f, etag_timeout=_timeout()), f"{repo.repo_id}/{f}")
             except (OSError, LocalEntryNotFoundError) as e:
                 if isinstance(e, HubError): raise
-                raise HubError(f"model {name!r}: downloading {repo.repo_id}/{f} failed ({type(e).__name__}); "
-                               "run again: what was downloaded is kept and resumed") from None
+                raise HubError(f"model {name!r}: downloading {repo.repo_id}/{f} failed ({type(e).__name__}: {str(e)[:120]}); "
+                               "run again (the files already complete are kept)") from None
     raise HubError(f"model {name!r}: {what} is not in the repository at {repo.revision[:12]}")
 
 def download(name: str) -> dict:
