@@ -6,6 +6,13 @@ for the first sample (no reranking) and for CLIP's best of N. Writes a JSON file
 
     python bench/quality.py [--model DIR] [--prompts 40] [--n 8] [--scales 1,2,3,5,8] [--quantize int8] [--out bench/results]
 
+With `--negative TEXT` it measures a negative prompt instead: `--prompt` ("a circle" by default) drawn for `--prompts`
+seeds × N candidates at each scale, once plainly and once with the negative, and the share of images the checker
+accepts as the prompt and as the negative (e.g. how many of the circles are red with and without "a red circle").
+Writes negative.json and negative.md:
+
+    python bench/quality.py --negative "a red circle" --prompt "a circle" --prompts 40 --n 8 --scales 2,3 --out bench/results/negative
+
 Works for either architecture: the model directory's config says which transformer (`arch`: bart or dalle) and which
 image tokenizer (`image_tokenizer`: vqgan or dvae) the pipeline uses; both are recorded with the results.
 """
@@ -26,7 +33,10 @@ def main(argv=None):
     p.add_argument("--plausibility", type=float, default=None, help="sampling guard α (default: the model's setting)")
     p.add_argument("--quantize", default=None, choices=("bfloat16", "int8"), help="the transformer's weights in this form (default float32)")
     p.add_argument("--out", default="bench/results")
+    p.add_argument("--negative", default=None, metavar="TEXT", help="measure this negative prompt on --prompt (see above)")
+    p.add_argument("--prompt", default="a circle", help="with --negative: the prompt drawn with and without it")
     a = p.parse_args(argv)
+    if a.negative is not None: return negative_main(a, argv)
 
     from dalle_nb.pipeline import Pipeline
     from dalle_nb.shapes import eval_prompts, caption_match, CATEGORIES, make_split, category
@@ -86,6 +96,34 @@ def main(argv=None):
     axes[0].set_ylabel("caption accuracy"); axes[0].legend()
     fig.tight_layout(); fig.savefig(out / "quality.png", dpi=110)
     print(f"wrote {out / 'quality.json'}, quality.md, quality.png in {seconds:.0f}s")
+
+
+def negative_main(a, argv):
+    "`--negative`: the share of `--prompt`'s images that the checker accepts as the prompt and as the negative, with and without it."
+    from dalle_nb.pipeline import Pipeline
+    from dalle_nb.shapes import caption_match, PALETTE
+    def accepts(image, caption):
+        "The checker's verdict; a caption that names no colour ('a circle') is accepted in any colour of the palette."
+        try: return caption_match(image, caption)
+        except ValueError: return any(caption_match(image, caption.replace("a ", f"a {c} ", 1)) for c in PALETTE)
+    pipe, rows, t0 = Pipeline(a.model, batch_size=a.n, quantize=a.quantize), [], time.perf_counter()
+    for scale in [float(s) for s in a.scales.split(",")]:
+        for neg in (None, a.negative):
+            images = [im for i in range(a.prompts) for im in pipe(a.prompt, n=a.n, rerank=0, cond_scale=scale, seed=a.seed * 1000 + i,
+                                                                   plausibility=a.plausibility, negative=neg).images]
+            row = dict(prompt=a.prompt, negative=neg, cond_scale=scale, images=len(images),
+                       as_prompt=float(np.mean([accepts(im, a.prompt) for im in images])),
+                       as_negative=float(np.mean([accepts(im, a.negative) for im in images])))
+            rows.append(row); print(json.dumps(row), flush=True)
+    out = Path(a.out); out.mkdir(parents=True, exist_ok=True)
+    meta = dict(date=str(date.today()), machine=f"{platform.machine()} {platform.processor() or ''} ({_cpu()})", model=str(pipe.models.path),
+                seconds=round(time.perf_counter() - t0, 1), command="python bench/quality.py " + " ".join(argv or sys.argv[1:]))
+    (out / "negative.json").write_text(json.dumps(dict(meta=meta, rows=rows), indent=1))
+    table = [f"| cond scale | negative | images | accepted as {a.prompt!r} | accepted as {a.negative!r} |", "|---|---|---|---|---|"]
+    table += [f"| {r['cond_scale']:g} | {r['negative'] or '(none: the empty caption)'} | {r['images']} | {r['as_prompt']:.1%} | {r['as_negative']:.1%} |"
+              for r in rows]
+    (out / "negative.md").write_text("\n".join(table) + "\n")
+    print("\n".join(table))
 
 
 def _cpu():

@@ -47,6 +47,12 @@ def test_quality_runs(tmp_path):
     assert all(0 <= r["first"] <= 1 and r["prompts"] == 1 for r in res["rows"]) and (tmp_path / "quality.png").stat().st_size > 0
 
 
+def test_quality_negative_runs(tmp_path):
+    run("quality", "--negative", "a red circle", "--prompt", "a circle", "--prompts", 1, "--n", 2, "--scales", 2, "--out", tmp_path)
+    rows = json.loads((tmp_path / "negative.json").read_text())["rows"]
+    assert [(r["negative"], r["images"]) for r in rows] == [(None, 2), ("a red circle", 2)] and (tmp_path / "negative.md").exists()
+
+
 def test_data_runs(tmp_path):
     run("data", "--shapes", 16, "--photos", 2, "--batch", 8, "--rows", 2000, "--shard-rows", 1000, "--loader-batch", 16,
         "--loader-steps", 4, "--out", tmp_path)
