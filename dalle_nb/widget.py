@@ -37,6 +37,8 @@ def panel(pipe):
     S = pipe.cfg.sample
     ui = W.VBox()
     ui.prompt = W.Text(value="a large red circle", description="prompt", layout=W.Layout(width="480px"))
+    ui.negative = W.Text(value="", description="negative", placeholder="what not to draw (optional)",
+                         layout=W.Layout(width="480px"))
     ui.scale = W.FloatSlider(value=S.cond_scale, min=1.0, max=10.0, step=0.5, description="cond scale")
     ui.top_k = W.IntSlider(value=S.top_k, min=0, max=pipe.cfg.model_cfg.image_codes, step=8, description="top-k (0=off)")
     ui.temperature = W.FloatSlider(value=S.temperature, min=0.1, max=2.0, step=0.05, description="temperature")
@@ -51,9 +53,10 @@ def panel(pipe):
     ui.generate, ui.stop = W.Button(description="Generate", button_style="primary"), W.Button(description="Stop", disabled=True)
     ui.progress, ui.status = W.IntProgress(value=0, min=0, max=1, description="tokens"), W.Label()
     ui.grid = W.GridBox(layout=W.Layout(grid_template_columns="repeat(4, 136px)", grid_gap="4px"))
-    for w, c in ((ui.prompt, "prompt"), (ui.generate, "generate"), (ui.stop, "stop"), (ui.upload, "upload"), (ui.progress, "progress"),
+    for w, c in ((ui.prompt, "prompt"), (ui.negative, "negative"),
+                 (ui.generate, "generate"), (ui.stop, "stop"), (ui.upload, "upload"), (ui.progress, "progress"),
                  (ui.status, "status"), (ui.grid, "grid")): w.add_class(f"dalle-{c}")
-    ui.children = [ui.prompt, W.HBox([ui.scale, ui.top_k]), W.HBox([ui.temperature, ui.plausibility]), W.HBox([ui.n, ui.keep]),
+    ui.children = [ui.prompt, ui.negative, W.HBox([ui.scale, ui.top_k]), W.HBox([ui.temperature, ui.plausibility]), W.HBox([ui.n, ui.keep]),
                    W.HBox([ui.seed, ui.every]), W.HBox([ui.upload, ui.keep_rows, ui.clear]), W.HBox([ui.generate, ui.stop, ui.progress]),
                    ui.status, ui.grid]
     ui.pipe, ui.image, ui.result, ui.thread, ui.stopping = pipe, None, None, None, threading.Event()
@@ -89,12 +92,15 @@ def _work(ui):
         ui.progress.max, ui.progress.value = ui.n.value * pipe.image_len, 0
         r = pipe(ui.prompt.value, n=ui.n.value, rerank=min(ui.keep.value, ui.n.value), cond_scale=ui.scale.value, seed=ui.seed.value,
                  temperature=ui.temperature.value, top_k=ui.top_k.value, plausibility=ui.plausibility.value, image_prompt=image,
-                 keep_rows=ui.keep_rows.value if image is not None else None, every=ui.every.value, callback=partial(_on_step, ui))
+                 keep_rows=ui.keep_rows.value if image is not None else None, every=ui.every.value, callback=partial(_on_step, ui),
+                 negative=ui.negative.value.strip() or None)
     except ValueError as e:                                    # SettingError, PromptError: the user's to fix
         ui.status.value, ui.result = f"⚠ {e}", None
     else:
         _show(ui, r.images, [f"#{i} clip {s:.2f}" for i, s in zip(r.indices, r.scores)] if r.scores is not None else [f"#{i}" for i in r.indices])
-        extra = (f", image prompt: top {r.settings['keep_rows']} rows kept" if image is not None else "") + (" (stopped)" if ui.stopping.is_set() else "")
+        extra = (f", image prompt: top {r.settings['keep_rows']} rows kept" if image is not None else "") + \
+                (f", negative: {r.settings['negative']!r}" if r.settings.get("negative") else "") + \
+                (" (stopped)" if ui.stopping.is_set() else "")
         ui.status.value, ui.result = f"{len(r.images)} image(s) in {time.perf_counter() - t0:.1f}s{extra}", r
     finally: ui.generate.disabled, ui.stop.disabled = False, True
 

@@ -258,7 +258,7 @@ def test_widget_in_browser(lab, browser, tmp_path):
     assert kernel == "python3", why(f"the notebook runs on kernel {kernel!r}, not python3")
     try: page.wait_for_selector(".dalle-generate", state="visible", timeout=PANEL_S * 1000)
     except PWTimeout: pytest.fail(why(f"the panel did not appear within {PANEL_S}s of running the cell"))
-    for cls in ("prompt", "generate", "stop", "upload", "progress", "status", "grid"):
+    for cls in ("prompt", "negative", "generate", "stop", "upload", "progress", "status", "grid"):
         assert page.locator(f".dalle-{cls}").count() == 1, why(f"the panel should have exactly one .dalle-{cls}")
 
     # a. a text prompt: 4 images, all rendered
@@ -289,6 +289,15 @@ def test_widget_in_browser(lab, browser, tmp_path):
     status = generate(need="image prompt")
     assert "image prompt" in status, why("image prompt: the status does not mention the image prompt")
     check_images(status, "image prompt")
+
+    # b2. a negative prompt: typed in its box, said in the status line of the finished run
+    negative = page.locator(".dalle-negative input")
+    negative.fill("a red circle")
+    negative.press("Tab")
+    status = generate(need="negative")
+    assert "negative: 'a red circle'" in status, why("negative prompt: the status does not mention it")
+    negative.fill("")
+    negative.press("Tab")
 
     # c. an empty prompt: a one-line warning, no traceback
     box.fill("")
