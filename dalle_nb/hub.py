@@ -151,11 +151,19 @@ def _card(p: Published, folders: dict) -> str:
               for role, r in p.repos.items()]
     return "\n".join(lines) + "\n\nParameters stored as float16.\n"
 
+def _sweep(final: Path):
+    "Remove the temporary folders of conversions into `final` whose process is gone (killed mid-way: gigabytes at Mega's size)."
+    for d in final.parent.glob(f".{final.name}.partial-*"):
+        try: os.kill(int(d.name.rsplit("-", 2)[1]), 0)                 # the pid in the name: still converting?
+        except ProcessLookupError: shutil.rmtree(d, ignore_errors=True)
+        except (ValueError, IndexError, PermissionError): pass
+
 def convert_published(name: str, folders: dict) -> Path:
     "Convert the downloaded `folders` of `name` into its model directory (temporary name, renamed when complete)."
     p = published(name)
     final = converted_dir(p)
-    tmp = final.parent / f".{final.name}.partial-{uuid.uuid4().hex[:8]}"
+    _sweep(final)
+    tmp = final.parent / f".{final.name}.partial-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     try:
         models = load_dalle_mini(folders["bart"], folders["vqgan"], folders.get("clip"))
         save_models(tmp, models, card=_card(p, folders), dtype="float16")
@@ -169,13 +177,13 @@ def model_dir(name: str) -> Path:
     p = published(name)
     return converted_dir(p) if converted_dir(p).is_dir() else convert_published(p.name, download(p.name))
 
-# %% ../nbs/09c_hub.ipynb #feacf2ce
+# %% ../nbs/09c_hub.ipynb #d3c759ef
 def is_published(model) -> bool:
     "Whether `model` names a published set (`PUBLISHED` name or Hub id) rather than an existing folder."
     if not isinstance(model, str) or Path(model).expanduser().exists(): return False
     return model in PUBLISHED or any(model == p.bart.repo_id for p in PUBLISHED.values())
 
-# %% ../nbs/09c_hub.ipynb #836370df
+# %% ../nbs/09c_hub.ipynb #78812bdf
 def memory_needed(p: Published, images: int = 1) -> int:
     "About the bytes generating `images` at once with `p` takes: float32 weights of its preset's models and the decode state."
     import jax
@@ -191,7 +199,7 @@ def memory_needed(p: Published, images: int = 1) -> int:
     jax.eval_shape(lambda: state.append(state_bytes(_CLASSES["bart"](cfg.bart, rngs=nnx.Rngs(0)), images)))
     return weights + state[0]
 
-# %% ../nbs/09c_hub.ipynb #eace8e51
+# %% ../nbs/09c_hub.ipynb #c8e95b00
 def _file_size(repo: Repo, entry, ask: list) -> tuple:
     "`(bytes or None, cached?)` of one file entry of `repo`; `ask[0]` turns False at the Hub's first failure."
     from huggingface_hub import hf_hub_download, get_hf_file_metadata, hf_hub_url, constants
