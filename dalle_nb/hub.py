@@ -1,4 +1,4 @@
-"""`mega`, `mini` and the published sets' Hub ids → files fetched with `huggingface_hub` at pinned revisions, checked, converted once into a model directory in the package's cache, reused after.
+"""`mega`, `mini` and their Hub ids → the published files fetched with `huggingface_hub`, checked, converted once into a model directory, reused after.
 
 Docs: https://dalle-nb.github.io/dalle_nb/hub.html.md"""
 
@@ -6,7 +6,7 @@ Docs: https://dalle-nb.github.io/dalle_nb/hub.html.md"""
 
 # %% ../nbs/09c_hub.ipynb #a39ac446
 from __future__ import annotations
-import datetime, hashlib, json, os, re, shutil, uuid
+import datetime, hashlib, os, re, shutil, uuid
 from dataclasses import dataclass
 from pathlib import Path
 from .modeldir import save_models
@@ -28,7 +28,7 @@ class Repo:
 
 @dataclass(frozen=True)
 class Published:
-    "A published set by name: its layout, the repositories of its BART, VQGAN and CLIP, the preset of its sizes."
+    "A published set by name (dalle-mini's layout): the repositories of its BART, VQGAN and CLIP, the preset of its sizes."
     name: str
     bart: Repo
     vqgan: Repo
@@ -37,10 +37,13 @@ class Published:
     about: str
 
     @property
-    def repos(self) -> dict: return {k: r for k, r in (("bart", self.bart), ("vqgan", self.vqgan), ("clip", self.clip)) if r}
+    def repos(self) -> dict:
+        "`{'bart'|'vqgan'|'clip': Repo}` (no CLIP: no reranking)."
+        return {k: r for k, r in (("bart", self.bart), ("vqgan", self.vqgan), ("clip", self.clip)) if r}
 
 _BART_FILES = ("config.json", "flax_model.msgpack", "vocab.json", "merges.txt")
-VQGAN_F16 = Repo("dalle-mini/vqgan_imagenet_f16_16384", "e93a26e7707683d349bf5d5c41c5b0ef69b677a9", ("config.json", "flax_model.msgpack"))
+VQGAN_F16 = Repo("dalle-mini/vqgan_imagenet_f16_16384", "e93a26e7707683d349bf5d5c41c5b0ef69b677a9",
+                 ("config.json", "flax_model.msgpack"))
 CLIP_B32 = Repo("openai/clip-vit-base-patch32", "3d74acf9a28c67741b2f4f2ea7635f0aaf6f0268",
                 ("config.json", "tokenizer.json", ("model.safetensors", "pytorch_model.bin")))
 PUBLISHED = {
@@ -67,7 +70,7 @@ def package_cache() -> Path:
     return Path(os.environ.get("DALLE_NB_CACHE") or Path.home() / ".cache" / "dalle_nb")
 
 def converted_dir(p: Published) -> Path:
-    "Where the model directory converted from `p` lives (it exists only once complete): under `$DALLE_NB_MODELS`, else the package cache."
+    "Where `p`'s converted model directory lives (only once complete): `$DALLE_NB_MODELS`, else the package cache's `models/`."
     return Path(os.environ.get("DALLE_NB_MODELS") or package_cache() / "models") / f"{p.name}-{p.bart.revision[:12]}"
 
 # %% ../nbs/09c_hub.ipynb #d5584917
@@ -80,7 +83,7 @@ def file_hash(path, kind: str) -> str:
     return h.hexdigest()
 
 def verify(path, what: str) -> Path:
-    "Check a file of huggingface_hub's cache against the hash it is stored under; remove it and `HubError` if they differ."
+    "Check a file of huggingface_hub's cache against the hash it is stored under; if they differ, remove it, `HubError`."
     blob = Path(path).resolve()
     kind = {64: "sha256", 40: "git"}.get(len(blob.name)) if re.fullmatch(r"[0-9a-f]+", blob.name) else None
     if kind is None or file_hash(blob, kind) == blob.name: return Path(path)
@@ -94,7 +97,8 @@ def _timeout() -> float:
     raw = os.environ.get("DALLE_NB_HUB_TIMEOUT") or "10"
     try: t = float(raw)
     except ValueError: t = -1.0
-    if not 0 < t < float("inf"): raise HubError(f"DALLE_NB_HUB_TIMEOUT must be a positive number of seconds, got {raw!r}")
+    if not 0 < t < float("inf"):
+        raise HubError(f"DALLE_NB_HUB_TIMEOUT must be a positive number of seconds, got {raw!r}")
     return t
 
 def _ask_hub(name: str, repo: Repo, filename: str) -> bool:
@@ -125,19 +129,19 @@ def _fetch(name: str, repo: Repo, entry, offline: bool) -> Path:
         except LocalEntryNotFoundError: pass
     what = f"{repo.repo_id}/{' or '.join(choices)}"
     if offline:
-        raise HubError(f"model {name!r} is not downloaded yet ({what} is not in the Hugging Face cache) and HF_HUB_OFFLINE "
-                       f"is set: run `dalle-nb download {name}` with the network first, or unset HF_HUB_OFFLINE")
+        raise HubError(f"model {name!r} is not downloaded yet ({what} is not in the Hugging Face cache) and "
+                       f"HF_HUB_OFFLINE is set: run `dalle-nb download {name}` with the network first, or unset HF_HUB_OFFLINE")
     for f in choices:
         if _ask_hub(name, repo, f):
             try: return verify(get(f, etag_timeout=_timeout()), f"{repo.repo_id}/{f}")
             except (OSError, LocalEntryNotFoundError) as e:
                 if isinstance(e, HubError): raise
-                raise HubError(f"model {name!r}: downloading {repo.repo_id}/{f} failed ({type(e).__name__}: {str(e)[:120]}); "
-                               "run again (the files already complete are kept)") from None
+                raise HubError(f"model {name!r}: downloading {repo.repo_id}/{f} failed "
+                               f"({type(e).__name__}: {str(e)[:120]}); run again (the files already complete are kept)") from None
     raise HubError(f"model {name!r}: {what} is not in the repository at {repo.revision[:12]}")
 
 def download(name: str) -> dict:
-    "Fetch every file of the published set `name` (huggingface_hub's cache): `{'bart'|'vqgan'|'clip': snapshot folder}`."
+    "Fetch every file of the published set `name` into huggingface_hub's cache: `{'bart'|'vqgan'|'clip': its folder}`."
     from huggingface_hub import constants
     p, offline = published(name), constants.is_offline_mode()
     return {role: [_fetch(p.name, repo, f, offline) for f in repo.files][0].parent for role, repo in p.repos.items()}
@@ -147,12 +151,12 @@ def _card(p: Published, folders: dict) -> str:
     "The model card of a converted set: what it is, each repository and the commit its files came from."
     lines = [f"# {p.name}\n", f"{p.about}, fetched from the Hugging Face Hub and converted by `dalle_nb.hub` on "
              f"{datetime.date.today()}:\n"]
-    lines += [f"- {role}: `{r.repo_id}` at commit `{folders[role].name}`: {', '.join(sorted(f.name for f in folders[role].iterdir()))}"
-              for role, r in p.repos.items()]
+    files = lambda role: ", ".join(sorted(f.name for f in folders[role].iterdir()))
+    lines += [f"- {role}: `{r.repo_id}` at commit `{folders[role].name}`: {files(role)}" for role, r in p.repos.items()]
     return "\n".join(lines) + "\n\nParameters stored as float16.\n"
 
 def _sweep(final: Path):
-    "Remove the temporary folders of conversions into `final` whose process is gone (killed mid-way: gigabytes at Mega's size)."
+    "Remove the temporary folders of conversions into `final` whose process is gone (killed: gigabytes at Mega's size)."
     for d in final.parent.glob(f".{final.name}.partial-*"):
         try: os.kill(int(d.name.rsplit("-", 2)[1]), 0)                 # the pid in the name: still converting?
         except ProcessLookupError: shutil.rmtree(d, ignore_errors=True)
@@ -185,7 +189,7 @@ def is_published(model) -> bool:
 
 # %% ../nbs/09c_hub.ipynb #78812bdf
 def memory_needed(p: Published, images: int = 1) -> int:
-    "About the bytes generating `images` at once with `p` takes: float32 weights of its preset's models and the decode state."
+    "About the bytes generating `images` at once with `p` takes: its preset's models' float32 weights, the decode state."
     import jax
     from flax import nnx
     from dalle_nb.config import get_config
@@ -215,7 +219,7 @@ def _file_size(repo: Repo, entry, ask: list) -> tuple:
     return None, False
 
 def status(name: str, ask_hub: bool = True) -> dict:
-    "What `dalle-nb models` shows of `name`: repositories, download bytes (None: unknown), bytes cached, the converted directory."
+    "What `dalle-nb models` shows of `name`: repositories, download bytes (None: unknown), bytes cached, converted directory."
     p, ask = published(name), [ask_hub]
     sizes = [_file_size(r, f, ask) for r in p.repos.values() for f in r.files]
     conv = converted_dir(p)
