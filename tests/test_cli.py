@@ -154,6 +154,7 @@ def test_long_prompt_and_unusual_text(tmp_path):
 def test_info():
     r = run("info")
     assert r.returncode == 0 and "parameters:" in r.stdout and "dalle_nb model" in r.stdout
+    assert r.stdout.startswith("jax backend: cpu; 1 device(s): cpu:0") and "\ncompilation cache: " in r.stdout   # the doctor first
 
 
 MICRO = ["data.n_train=256", "data.n_val=64", *MICRO_SIZES,
