@@ -473,6 +473,6 @@ def generate(prompt: str, out: str | Path, n: int = 8, rerank: int | None = None
     return _PIPELINES[key](prompt, n=n, rerank=rerank, cond_scale=cond_scale, seed=seed, **kw).save(out)
 
 # %% ../nbs/10_pipeline.ipynb #203f9a1f
-def widget(pipe: Pipeline | None = None):
-    "The ipywidgets panel (`dalle_nb.widget.panel`) for `pipe` (default: the shipped model)."
-    return panel(pipe or Pipeline())
+def widget(pipe: Pipeline | str | Path | None = None):
+    "The ipywidgets panel (`dalle_nb.widget.panel`) for `pipe`: a `Pipeline`, a model directory or a published name (`'mega'`); default the shipped model."
+    return panel(pipe if isinstance(pipe, Pipeline) else Pipeline(pipe))
