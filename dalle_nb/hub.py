@@ -171,8 +171,12 @@ def convert_published(name: str, folders: dict) -> Path:
     try:
         models = load_dalle_mini(folders["bart"], folders["vqgan"], folders.get("clip"))
         save_models(tmp, models, card=_card(p, folders), dtype="float16")
-        os.replace(tmp, final) if not final.exists() else shutil.rmtree(tmp)   # another process may have finished first
+        try: os.replace(tmp, final)
+        except OSError:
+            if not final.is_dir(): raise                         # else another process finished first: use its directory
     except ConvertError as e: raise HubError(f"model {name!r}: the downloaded files do not convert: {e}") from None
+    except OSError as e:
+        raise HubError(f"model {name!r}: cannot write the converted model in {final.parent} ({e.strerror or e})") from None
     finally: shutil.rmtree(tmp, ignore_errors=True)
     return final
 
