@@ -83,12 +83,22 @@ def _nvidia_gpus() -> list[str]:
     except (OSError, subprocess.SubprocessError): return []
     return [l.strip() for l in out.stdout.splitlines() if l.strip()] if out.returncode == 0 else []
 
+def _cuda_plugin() -> str | None:
+    "The name of JAX's CUDA plugin if one is installed (`jax_plugins.xla_cuda13` or `…12`), else None."
+    import importlib.util
+    for v in ("13", "12"):
+        try:
+            if importlib.util.find_spec(f"jax_plugins.xla_cuda{v}") is not None: return f"jax_plugins.xla_cuda{v}"
+        except ModuleNotFoundError: return None                             # no jax_plugins package at all
+    return None
+
 def _dir_size(d: Path) -> tuple[int, int]:
     "`(bytes, files)` under `d` (0, 0 if it is not there)."
     files = [f for f in d.rglob("*") if f.is_file()] if d.is_dir() else []
     return sum(f.stat().st_size for f in files), len(files)
 
-def doctor(devices, gpus: list[str], tpu: list[str], cache_dir, host_memory: int | None, platforms: str = "") -> list[str]:
+def doctor(devices, gpus: list[str], tpu: list[str], cache_dir, host_memory: int | None, platforms: str = "",
+           plugin: str | None = None) -> list[str]:
     "What `dalle-nb info` says of the machine: JAX's backend and devices, memory, the compilation cache; hardware JAX does not use."
     gib = lambda b, what: "memory unknown" if b is None else f"{b / 2**30:.1f} GiB{what}"
     mem = lambda d: gib((d.memory_stats() or {}).get("bytes_limit"), "") if d.platform != "cpu" else gib(host_memory, " free on the host")
@@ -99,8 +109,11 @@ def doctor(devices, gpus: list[str], tpu: list[str], cache_dir, host_memory: int
     lines.append(f"compilation cache: {shown} ({size / 2**20:.1f} MiB in {n} file(s))" if cache_dir else "compilation cache: off")
     if devices[0].platform == "cpu":
         why = " (JAX_PLATFORMS is set to cpu)" if platforms.strip().lower() == "cpu" else ""
-        if gpus: lines.append(f"warning: nvidia-smi sees {len(gpus)} GPU(s) ({gpus[0]}) but JAX sees only the CPU{why}; "
-                              f"install JAX's CUDA plugin: {_INSTALL['gpu']}")
+        seen = f"warning: nvidia-smi sees {len(gpus)} GPU(s) ({gpus[0]}) but JAX sees only the CPU{why}; " if gpus else ""
+        if gpus and plugin and not why:
+            lines.append(seen + f"JAX's CUDA plugin ({plugin}) is installed but did not start: "
+                         "`python -c \"import jax; jax.devices('gpu')\"` says why (a driver older than the plugin's CUDA, often)")
+        elif gpus: lines.append(seen + f"install JAX's CUDA plugin: {_INSTALL['gpu']}")
         if tpu: lines.append(f"warning: a TPU is attached ({tpu[0]}) but JAX sees only the CPU{why}; install libtpu: {_INSTALL['tpu']}")
     return lines
 
@@ -114,7 +127,7 @@ def cmd_info(a) -> int:
     import jax
     from flax import nnx
     for line in doctor(jax.devices(), _nvidia_gpus(), sorted(glob.glob("/dev/accel*")), jax.config.jax_compilation_cache_dir,
-                       available_memory(), os.environ.get("JAX_PLATFORMS", "")): print(line)
+                       available_memory(), os.environ.get("JAX_PLATFORMS", ""), _cuda_plugin()): print(line)
     model = converted_dir(published(a.model)) if is_published(a.model) else a.model
     if is_published(a.model) and not model.is_dir(): raise UsageError(f"model {a.model!r} is not downloaded yet: dalle-nb download {a.model}")
     try: m = load_models(model)
