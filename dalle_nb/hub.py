@@ -125,7 +125,7 @@ def _fetch(name: str, repo: Repo, entry, offline: bool) -> Path:
     choices = (entry,) if isinstance(entry, str) else entry
     get = lambda f, **kw: Path(hf_hub_download(repo.repo_id, f, revision=repo.revision, **kw))
     for f in choices:
-        try: return verify(get(f, local_files_only=True), f"{repo.repo_id}/{f}")
+        try: return verify(get(f, local_files_only=True), f"model {name!r}: {repo.repo_id}/{f}")
         except LocalEntryNotFoundError: pass
     what = f"{repo.repo_id}/{' or '.join(choices)}"
     if offline:
@@ -133,7 +133,7 @@ def _fetch(name: str, repo: Repo, entry, offline: bool) -> Path:
                        f"HF_HUB_OFFLINE is set: run `dalle-nb download {name}` with the network first, or unset HF_HUB_OFFLINE")
     for f in choices:
         if _ask_hub(name, repo, f):
-            try: return verify(get(f, etag_timeout=_timeout()), f"{repo.repo_id}/{f}")
+            try: return verify(get(f, etag_timeout=_timeout()), f"model {name!r}: {repo.repo_id}/{f}")
             except (OSError, LocalEntryNotFoundError) as e:
                 if isinstance(e, HubError): raise
                 raise HubError(f"model {name!r}: downloading {repo.repo_id}/{f} failed "

@@ -162,7 +162,7 @@ def test_cut_download_resumes(server, tmp_path, monkeypatch):
 
 def test_corrupt_file_is_refused_by_name(server, tmp_path):
     server.corrupt.add("model.safetensors")
-    with pytest.raises(hub.HubError, match="openai/clip-vit-base-patch32/model.safetensors: checksum mismatch"):
+    with pytest.raises(hub.HubError, match="model .mega.: openai/clip-vit-base-patch32/model.safetensors: checksum mismatch"):
         hub.model_dir("mega")
     assert leftovers(tmp_path) == []                                  # nothing converted
     server.corrupt.clear()
