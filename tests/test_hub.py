@@ -141,10 +141,13 @@ def test_name_to_model_directory_then_reuse(server, tmp_path, capsys):
     assert hub.model_dir("dalle-mini/dalle-mega") == path and len(server.log) == n      # converted: the Hub is not asked
     st = hub.status("mega")
     assert st["complete"] and st["download"] == st["cached"] == sum(len(b) for r in server.repos.values() for b in r.values())
-    from dalle_nb.cli import cmd_models
+    from dalle_nb.cli import cmd_models, cmd_info, UsageError
     assert cmd_models(argparse.Namespace(offline=False)) == 0
     mega = capsys.readouterr().out.split("\nmini ")[0]
     assert f"converted: {path}" in mega and "(all files)" in mega, mega
+    assert cmd_info(argparse.Namespace(model="mega")) == 0 and f"model directory: {path}" in capsys.readouterr().out
+    with pytest.raises(UsageError, match="model 'mini' is not downloaded yet: dalle-nb download mini"):
+        cmd_info(argparse.Namespace(model="mini"))
 
 
 def test_cut_download_resumes(server, tmp_path, monkeypatch):
