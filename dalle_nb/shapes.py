@@ -172,7 +172,8 @@ def _seen(name: str, ys, xs, blob) -> Seen:
     corners = _corner_fill(blob)                                                 # full corners: square
     shape = "triangle" if top < 0.6 else "square" if corners > 0.5 or fill > 0.93 else "circle"
     size = "small" if max(h, w) < 20 else "large"
-    return Seen(name, shape, size, float(xs.mean()) + 0.5, float(ys.mean()) + 0.5, len(ys), round(fill, 3), round(top, 3))
+    return Seen(name, shape, size, float(xs.mean()) + 0.5, float(ys.mean()) + 0.5, len(ys), round(float(fill), 3),
+                round(top, 3))
 
 # %% ../nbs/03_shapes.ipynb #bf70a844
 def detect(image, max_dist: float = 110.0, min_area: int = 20) -> list[Seen]:

@@ -344,14 +344,17 @@ def restart_dead_codes(model: VQGAN, images, key, threshold: float = 0.03) -> ja
     return moved
 
 # %% ../nbs/05_vqgan.ipynb #bd419466
-def show_reconstructions(model: VQGAN, images, n: int = 8, title: str = "originals (top) and reconstructions (bottom)"):
-    "Originals above their reconstructions, with the PSNR of each."
+def show_reconstructions(model: VQGAN, images, n: int = 8, title: str = "originals (top), reconstructions (bottom)"):
+    "Originals above their reconstructions, each reconstruction labelled beneath with its PSNR."
     from dalle_nb.images import show_images, to_float
     x = jnp.asarray(to_float(images[:n]))
     rec = nnx.jit(lambda m, a: m.decode(m.encode(a)))(model, x)
     scores = [float(psnr(rec[i:i + 1], x[i:i + 1])) for i in range(len(x))]
-    return show_images(np.concatenate([np.asarray(x), np.asarray(rec)]), ncols=len(x),
-                       titles=[""] * len(x) + [f"{s:.1f} dB" for s in scores], title=title)
+    fig = show_images(np.concatenate([np.asarray(x), np.asarray(rec)]), ncols=len(x), title=title)
+    for ax, s in zip(fig.axes[len(x):], scores):
+        ax.text(0.5, -0.03, f"{s:.1f} dB", transform=ax.transAxes, ha="center", va="top", fontsize=8)
+    fig.tight_layout()
+    return fig
 
 # %% ../nbs/05_vqgan.ipynb #f2b10d31
 def vqgan_param_counts(cfg: VQGANConfig, cls=None) -> dict:

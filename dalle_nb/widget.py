@@ -31,31 +31,42 @@ def _uploaded(upload):
     except (UnidentifiedImageError, OSError): raise ValueError(f"image_prompt cannot be read: {item.get('name', 'the upload')} is not an image") from None
 
 # %% ../nbs/10a_widget.ipynb #86d2f6d6
+_LABEL = {"description_width": "140px"}         # wide enough for every control's name: none is cut short
+
+def _controls(pipe) -> dict:
+    "The panel's inputs by name, holding the `Pipeline`'s sampling defaults."
+    import ipywidgets as W
+    S, codes, wide = pipe.cfg.sample, pipe.cfg.model_cfg.image_codes, dict(style=_LABEL, layout=W.Layout(width="400px"))
+    return dict(
+        prompt=W.Text(value="a large red circle", description="prompt", style=_LABEL, layout=W.Layout(width="800px")),
+        scale=W.FloatSlider(value=S.cond_scale, min=1.0, max=10.0, step=0.5, description="cond scale", **wide),
+        top_k=W.IntSlider(value=S.top_k, min=0, max=codes, step=8, description="top-k (0 = off)", **wide),
+        temperature=W.FloatSlider(value=S.temperature, min=0.1, max=2.0, step=0.05, description="temperature", **wide),
+        plausibility=W.FloatSlider(value=S.plausibility, min=0.0, max=0.5, step=0.01, description="plausibility",
+                                   **wide),
+        n=W.IntSlider(value=S.n_candidates, min=1, max=32, description="candidates", **wide),
+        keep=W.IntSlider(value=min(S.rerank, S.n_candidates), min=0, max=32, description="keep best (0 = all)", **wide),
+        seed=W.IntText(value=0, description="seed", **wide),
+        every=W.IntSlider(value=max(1, pipe.image_len // 8), min=1, max=pipe.image_len, description="show every",
+                          **wide),
+        upload=W.FileUpload(accept="image/*", multiple=False, description="image prompt"),
+        keep_rows=W.IntSlider(value=pipe.grid // 2, min=0, max=pipe.grid, description="keep rows", **wide))
+
+# %% ../nbs/10a_widget.ipynb #ebcc5e26
 def panel(pipe):
-    "An ipywidgets panel for the `Pipeline` `pipe`: prompt, sliders, Generate / Stop, progress, a grid that fills as tokens are drawn."
+    "An ipywidgets panel for the `Pipeline` `pipe`: prompt, sliders, Generate / Stop, progress, a grid that fills."
     import threading, ipywidgets as W
-    S = pipe.cfg.sample
     ui = W.VBox()
-    ui.prompt = W.Text(value="a large red circle", description="prompt", layout=W.Layout(width="480px"))
-    ui.scale = W.FloatSlider(value=S.cond_scale, min=1.0, max=10.0, step=0.5, description="cond scale")
-    ui.top_k = W.IntSlider(value=S.top_k, min=0, max=pipe.cfg.model_cfg.image_codes, step=8, description="top-k (0=off)")
-    ui.temperature = W.FloatSlider(value=S.temperature, min=0.1, max=2.0, step=0.05, description="temperature")
-    ui.plausibility = W.FloatSlider(value=S.plausibility, min=0.0, max=0.5, step=0.01, description="plausibility")
-    ui.n = W.IntSlider(value=S.n_candidates, min=1, max=32, description="candidates")
-    ui.keep = W.IntSlider(value=min(S.rerank, S.n_candidates), min=0, max=32, description="keep best (0=all)")
-    ui.seed = W.IntText(value=0, description="seed")
-    ui.every = W.IntSlider(value=max(1, pipe.image_len // 8), min=1, max=pipe.image_len, description="show every")
-    ui.upload = W.FileUpload(accept="image/*", multiple=False, description="image prompt")
-    ui.keep_rows = W.IntSlider(value=pipe.grid // 2, min=0, max=pipe.grid, description="keep rows")
+    for name, w in _controls(pipe).items(): setattr(ui, name, w)
     ui.clear = W.Button(description="no image prompt")
-    ui.generate, ui.stop = W.Button(description="Generate", button_style="primary"), W.Button(description="Stop", disabled=True)
+    ui.generate = W.Button(description="Generate", button_style="primary")
+    ui.stop = W.Button(description="Stop", disabled=True)
     ui.progress, ui.status = W.IntProgress(value=0, min=0, max=1, description="tokens"), W.Label()
     ui.grid = W.GridBox(layout=W.Layout(grid_template_columns="repeat(4, 136px)", grid_gap="4px"))
-    for w, c in ((ui.prompt, "prompt"), (ui.generate, "generate"), (ui.stop, "stop"), (ui.upload, "upload"), (ui.progress, "progress"),
-                 (ui.status, "status"), (ui.grid, "grid")): w.add_class(f"dalle-{c}")
-    ui.children = [ui.prompt, W.HBox([ui.scale, ui.top_k]), W.HBox([ui.temperature, ui.plausibility]), W.HBox([ui.n, ui.keep]),
-                   W.HBox([ui.seed, ui.every]), W.HBox([ui.upload, ui.keep_rows, ui.clear]), W.HBox([ui.generate, ui.stop, ui.progress]),
-                   ui.status, ui.grid]
+    for c in ("prompt", "generate", "stop", "upload", "progress", "status", "grid"): getattr(ui, c).add_class(f"dalle-{c}")
+    ui.children = [ui.prompt, W.HBox([ui.scale, ui.top_k]), W.HBox([ui.temperature, ui.plausibility]),
+                   W.HBox([ui.n, ui.keep]), W.HBox([ui.seed, ui.every]), W.HBox([ui.upload, ui.keep_rows, ui.clear]),
+                   W.HBox([ui.generate, ui.stop, ui.progress]), ui.status, ui.grid]
     ui.pipe, ui.image, ui.result, ui.thread, ui.stopping = pipe, None, None, None, threading.Event()
     _wire(ui)
     return ui
