@@ -43,8 +43,10 @@ class CLIPMLP(nnx.Module):
     "`fc2(act(fc1(x)))` with biases."
     def __init__(self, width: int, hidden: int, act: str, dtype="float32", depth: int = 1, *, rngs: nnx.Rngs):
         if act not in ACTIVATIONS: raise ValueError(f"CLIP: unknown activation {act!r}; choose from {sorted(ACTIVATIONS)}")
-        self.fc1 = Linear(width, hidden, axes=("embed", "mlp"), use_bias=True, std=(2 * width) ** -0.5, dtype=dtype, rngs=rngs)
-        self.fc2 = Linear(hidden, width, axes=("mlp", "embed"), use_bias=True, std=width ** -0.5 * (2 * depth) ** -0.5, dtype=dtype, rngs=rngs)
+        self.fc1 = Linear(width, hidden, axes=("embed", "mlp"), use_bias=True, std=(2 * width) ** -0.5, dtype=dtype,
+                          rngs=rngs)
+        self.fc2 = Linear(hidden, width, axes=("mlp", "embed"), use_bias=True, std=width ** -0.5 * (2 * depth) ** -0.5,
+                          dtype=dtype, rngs=rngs)
         self.act = ACTIVATIONS[act]
     def __call__(self, x): return self.fc2(self.act(self.fc1(x)))
 
@@ -86,7 +88,8 @@ class VisionEmbeddings(nnx.Module):
     def __init__(self, cfg: CLIPConfig, *, rngs: nnx.Rngs):
         w = cfg.vision_width
         self.class_embedding = param(rngs, nnx.initializers.normal(w ** -0.5), (w,), ("embed",))
-        self.patch_embedding = Conv(3, w, cfg.patch_size, stride=cfg.patch_size, padding="VALID", use_bias=False, std=0.02, dtype=cfg.dtype, rngs=rngs)
+        self.patch_embedding = Conv(3, w, cfg.patch_size, stride=cfg.patch_size, padding="VALID", use_bias=False,
+                                    std=0.02, dtype=cfg.dtype, rngs=rngs)
         self.position_embedding = Embed(cfg.n_patches + 1, w, axes=(None, "embed"), dtype=cfg.dtype, rngs=rngs)
     def __call__(self, x):
         p = self.patch_embedding(x)
@@ -99,7 +102,8 @@ class VisionTransformer(nnx.Module):
     def __init__(self, cfg: CLIPConfig, *, rngs: nnx.Rngs):
         self.embeddings = VisionEmbeddings(cfg, rngs=rngs)
         self.pre_layrnorm = Norm(cfg.vision_width, eps=cfg.ln_eps, dtype=cfg.dtype, rngs=rngs)
-        self.encoder = CLIPEncoder(cfg.vision_layers, cfg.vision_width, cfg.vision_heads, cfg.vision_mlp, cfg, rngs=rngs)
+        self.encoder = CLIPEncoder(cfg.vision_layers, cfg.vision_width, cfg.vision_heads, cfg.vision_mlp, cfg,
+                                   rngs=rngs)
         self.post_layernorm = Norm(cfg.vision_width, eps=cfg.ln_eps, dtype=cfg.dtype, rngs=rngs)
         self.size = cfg.image_size
     def __call__(self, images):
@@ -111,7 +115,8 @@ class TextEmbeddings(nnx.Module):
     "Token + learned position embeddings."
     def __init__(self, cfg: CLIPConfig, *, rngs: nnx.Rngs):
         self.token_embedding = Embed(cfg.text_vocab, cfg.text_width, dtype=cfg.dtype, rngs=rngs)
-        self.position_embedding = Embed(cfg.text_len, cfg.text_width, axes=(None, "embed"), std=0.01, dtype=cfg.dtype, rngs=rngs)
+        self.position_embedding = Embed(cfg.text_len, cfg.text_width, axes=(None, "embed"), std=0.01, dtype=cfg.dtype,
+                                        rngs=rngs)
     def __call__(self, ids): return self.token_embedding(ids) + self.position_embedding(jnp.arange(ids.shape[1]))[None]
 
 def eos_positions(ids, eos_id: int) -> jax.Array:
@@ -146,8 +151,10 @@ class CLIP(nnx.Module):
     "CLIP: normalised image and text embeddings in a shared space, logits = exp(logit_scale) · cosine."
     def __init__(self, cfg: CLIPConfig, *, rngs: nnx.Rngs):
         self.vision_model, self.text_model = VisionTransformer(cfg, rngs=rngs), TextTransformer(cfg, rngs=rngs)
-        self.visual_projection = Linear(cfg.vision_width, cfg.embed_dim, axes=("embed", None), std=cfg.vision_width ** -0.5, dtype=cfg.dtype, rngs=rngs)
-        self.text_projection = Linear(cfg.text_width, cfg.embed_dim, axes=("embed", None), std=cfg.text_width ** -0.5, dtype=cfg.dtype, rngs=rngs)
+        self.visual_projection = Linear(cfg.vision_width, cfg.embed_dim, axes=("embed", None),
+                                        std=cfg.vision_width ** -0.5, dtype=cfg.dtype, rngs=rngs)
+        self.text_projection = Linear(cfg.text_width, cfg.embed_dim, axes=("embed", None), std=cfg.text_width ** -0.5,
+                                      dtype=cfg.dtype, rngs=rngs)
         self.logit_scale = nnx.Param(jnp.asarray(cfg.logit_scale_init, jnp.float32))
         self.cfg = cfg
 
@@ -181,7 +188,8 @@ def clip_loss(model: CLIP, images, ids, neg_ids=None):
     li = optax.softmax_cross_entropy_with_integer_labels(per_image, labels).mean()
     lt = optax.softmax_cross_entropy_with_integer_labels(per_image[:, :B].T, labels).mean()
     loss = (li + lt) / 2
-    metrics = {"loss": loss, "i2t_acc": (per_image.argmax(1) == labels).mean(), "t2i_acc": (per_image[:, :B].argmax(0) == labels).mean(),
+    metrics = {"loss": loss, "i2t_acc": (per_image.argmax(1) == labels).mean(),
+               "t2i_acc": (per_image[:, :B].argmax(0) == labels).mean(),
                "scale": model.scale()}
     if neg_ids is not None and len(neg_ids) >= B:
         metrics["hard_acc"] = (jnp.diag(per_image[:, :B]) > jnp.diag(per_image[:, B:2 * B])).mean()
@@ -223,5 +231,6 @@ def clip_param_count(cfg: CLIPConfig) -> dict:
     "Parameters of the vision side, the text side and the total (abstract model, no memory)."
     m = abstract_module(lambda: CLIP(cfg, rngs=nnx.Rngs(0)))
     count = count_params
-    return {"vision": count(m.vision_model) + count(m.visual_projection), "text": count(m.text_model) + count(m.text_projection),
+    return {"vision": count(m.vision_model) + count(m.visual_projection),
+            "text": count(m.text_model) + count(m.text_projection),
             "total": count(m)}

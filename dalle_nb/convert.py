@@ -76,7 +76,8 @@ def read_json(path) -> dict:
     "A `config.json` as a dict."
     path = _exists(path)
     try: d = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e: raise ConvertError(f"{path}: not valid JSON ({e})") from None
+    except (json.JSONDecodeError,
+            UnicodeDecodeError) as e: raise ConvertError(f"{path}: not valid JSON ({e})") from None
     if not isinstance(d, dict): raise ConvertError(f"{path}: expected a JSON object")
     return d
 
@@ -84,7 +85,8 @@ def read_json(path) -> dict:
 def torch_name(key: str) -> str:
     "PyTorch `state_dict` name of one of our parameter paths (`encoder/layers/layers/0/glu/fc0/kernel` → `encoder.layers.0.glu.fc0.weight`)."
     parts = key.split("/")
-    parts = [p for i, p in enumerate(parts) if not (i and p == "layers" and parts[i - 1] == "layers")]   # LayerStack's inner list
+    # LayerStack's inner list
+    parts = [p for i, p in enumerate(parts) if not (i and p == "layers" and parts[i - 1] == "layers")]
     leaf = {"kernel": "weight", "scale": "weight", "embedding": "weight"}.get(parts[-1], parts[-1])
     return ".".join(parts[:-1] + [leaf])
 
@@ -159,7 +161,8 @@ def from_torch_state(sd: dict, want: dict, source, what: str, name=torch_name, o
             if optional is not None and optional.search(tk): out[k] = np.ones(shape, np.float32); continue
             problems.append(f"missing tensor {tk} {torch_shape(k, shape)}"); continue
         a = sd[tk]
-        if a.ndim == 4 and len(shape) == 2 and a.shape[2:] == (1, 1): a = a[:, :, 0, 0]     # 1×1-conv-shaped linear weights
+        # 1×1-conv-shaped linear weights
+        if a.ndim == 4 and len(shape) == 2 and a.shape[2:] == (1, 1): a = a[:, :, 0, 0]
         a = from_torch(k, a)
         if tuple(a.shape) != tuple(shape): problems.append(f"tensor {tk}: file has shape {tuple(sd[tk].shape)}, expected {torch_shape(k, shape)}")
         else: out[k] = a.astype(np.float32)
@@ -170,19 +173,22 @@ def from_torch_state(sd: dict, want: dict, source, what: str, name=torch_name, o
 
 def to_torch_state(flat: dict, name=torch_name) -> dict:
     "The PyTorch state dict of our `{name: array}` (the inverse of `from_torch_state`)."
-    return {name(k): np.array(to_torch(k, np.asarray(v, np.float32)), order="C") for k, v in flat.items()}   # contiguous, 0-d kept
+    # contiguous, 0-d kept
+    return {name(k): np.array(to_torch(k, np.asarray(v, np.float32)), order="C") for k, v in flat.items()}
 
 # %% ../nbs/09a_convert.ipynb #330a5c5a
 _SCALELESS_TORCH = re.compile(r"(pre_self_attn_layer_norm|pre_encoder_attn_layer_norm|glu\.ln0|glu\.ln1|final_ln)\.weight$")
 
-def bart_from_min_dalle(encoder_sd: dict, decoder_sd: dict, cfg: BartConfig, sources=("encoder.pt", "decoder.pt")) -> dict:
+def bart_from_min_dalle(encoder_sd: dict, decoder_sd: dict, cfg: BartConfig,
+                        sources=("encoder.pt", "decoder.pt")) -> dict:
     "Our BART parameters (in `cfg`'s layout) from min-dalle's encoder and decoder state dicts."
     want = model_shapes(DalleBart, replace(cfg, scan_layers=False))
     what = f"a BART with d_model={cfg.d_model}, {cfg.encoder_layers}+{cfg.decoder_layers} layers, GLU {cfg.glu_dim}"
     flat = {}
     for side, sd, src in (("encoder", encoder_sd, sources[0]), ("decoder", decoder_sd, sources[1])):
         part = {k[len(side) + 1:]: s for k, s in want.items() if k.startswith(side + "/")}
-        flat.update({f"{side}/{k}": v for k, v in from_torch_state(sd, part, src, what, optional=_SCALELESS_TORCH).items()})
+        flat.update({f"{side}/{k}": v for k, v in from_torch_state(sd, part, src, what,
+                                                                   optional=_SCALELESS_TORCH).items()})
     return _bart_layout(cfg, flat)
 
 def min_dalle_state(bart: DalleBart) -> tuple[dict, dict]:
@@ -214,7 +220,8 @@ def min_dalle_config(encoder_sd: dict, decoder_sd: dict, heads: int | None = Non
 def _vqgan_torch_name(key: str) -> str:
     return "embedding.weight" if key == "quantize/embedding" else torch_name(key)
 
-def vqgan_from_min_dalle(sd: dict, cfg: VQGANConfig = replace(F16_VQGAN, decoder_only=True), source="detoker.pt") -> dict:
+def vqgan_from_min_dalle(sd: dict, cfg: VQGANConfig = replace(F16_VQGAN, decoder_only=True),
+                         source="detoker.pt") -> dict:
     "Our (decoder-only) VQGAN parameters from min-dalle's `detoker.pt` state dict."
     if not cfg.decoder_only: raise ConvertError(f"{source}: min-dalle ships only the VQGAN's decoder: use a config with decoder_only=True")
     want = model_shapes(VQGAN, cfg)
@@ -254,7 +261,8 @@ _DALLE_MINI_FIXED = {          # DalleBartConfig field: the value DALL·E Mini/M
     "use_alibi": False, "sinkhorn_iters": 1, "scale_embedding": False, "use_absolute_position_embeddings": True,
     "use_final_ln_encoder": True, "use_final_ln_decoder": True}
 
-def bart_config_from_dalle_mini(c: dict, source="config.json", image_codes: int = 16384, scan_layers: bool = True) -> BartConfig:
+def bart_config_from_dalle_mini(c: dict, source="config.json", image_codes: int = 16384,
+                                scan_layers: bool = True) -> BartConfig:
     "Our `BartConfig` of a dalle-mini `DalleBartConfig` dict; `ConvertError` for variants we do not compute."
     bad = [f"{k}={c[k]!r} (DALL·E Mini/Mega: {v!r})" for k, v in _DALLE_MINI_FIXED.items() if k in c and c[k] != v]
     if c.get("ln_type", "layernorm") not in ("layernorm", "rmsnorm"): bad.append(f"ln_type={c['ln_type']!r}")
@@ -296,7 +304,8 @@ def bart_from_dalle_mini(flat: dict, cfg: BartConfig, source="flax_model.msgpack
             continue
         out[k] = a[i] if i is not None else a
     problems += [f"unexpected tensor {k} {tuple(v.shape)}" for k, v in sorted(flat.items()) if k not in seen]
-    if problems: raise _problems(source, f"does not fit the BART of its config (d_model={cfg.d_model}, {cfg.encoder_layers}+{cfg.decoder_layers} layers)", problems)
+    if problems: raise _problems(source,
+                                 f"does not fit the BART of its config (d_model={cfg.d_model}, {cfg.encoder_layers}+{cfg.decoder_layers} layers)", problems)
     return _bart_layout(cfg, out)
 
 # %% ../nbs/09a_convert.ipynb #8d9cf4d2
@@ -340,15 +349,19 @@ def flax_vqgan_name(key: str) -> str:
 
 def vqgan_config_from_flax(c: dict, source="config.json") -> VQGANConfig:
     "Our `VQGANConfig` of the Flax VQGAN's `config.json` (taming's field names)."
-    bad = [f"{k}={c[k]!r}" for k, ok in (("double_z", False), ("resamp_with_conv", True), ("give_pre_end", False)) if c.get(k, ok) != ok]
+    bad = [f"{k}={c[k]!r}" for k, ok in (("double_z", False), ("resamp_with_conv", True),
+                                         ("give_pre_end", False)) if c.get(k, ok) != ok]
     if c.get("out_ch", 3) != c.get("in_channels", 3): bad.append(f"out_ch={c.get('out_ch')} differs from in_channels={c.get('in_channels')}")
     if bad: raise _problems(source, "a VQGAN variant this package does not compute", bad)
     try:
-        return VQGANConfig(resolution=c.get("resolution", 256), in_channels=c.get("in_channels", 3), ch=c.get("ch", 128),
+        return VQGANConfig(resolution=c.get("resolution", 256), in_channels=c.get("in_channels", 3),
+                           ch=c.get("ch", 128),
                            ch_mult=tuple(c.get("ch_mult", (1, 1, 2, 2, 4))), num_res_blocks=c.get("num_res_blocks", 2),
-                           attn_resolutions=tuple(c.get("attn_resolutions", (16,))), z_channels=c.get("z_channels", 256),
+                           attn_resolutions=tuple(c.get("attn_resolutions",
+                                                        (16,))), z_channels=c.get("z_channels", 256),
                            embed_dim=c.get("embed_dim", 256), n_embed=c.get("n_embed", 16384),
-                           norm_groups=c.get("norm_groups", 32), norm_eps=c.get("norm_eps", 1e-6),   # taming's; ours may differ
+                           # taming's; ours may differ
+                           norm_groups=c.get("norm_groups", 32), norm_eps=c.get("norm_eps", 1e-6),
                            signed_input=c.get("signed_input", False))
     except (TypeError, ValueError) as e: raise ConvertError(f"{source}: {e}") from None
 
@@ -361,7 +374,9 @@ def vqgan_from_flax(flat: dict, cfg: VQGANConfig, source="flax_model.msgpack") -
     problems += [f"tensor {fk}: file has shape {tuple(flat[fk].shape)}, expected {want[k]}" for fk, k in sorted(names.items())
                  if fk in flat and tuple(flat[fk].shape) != want[k]]
     problems += [f"unexpected tensor {fk} {tuple(v.shape)}" for fk, v in sorted(flat.items()) if fk not in names]
-    if problems: raise _problems(source, f"does not fit a VQGAN with ch={cfg.ch}, ch_mult={cfg.ch_mult}, {cfg.n_embed} codes", problems)
+    if problems: raise _problems(source,
+                                 f"does not fit a VQGAN with ch={cfg.ch}, ch_mult={cfg.ch_mult}, {cfg.n_embed} codes",
+                                 problems)
     return {k: flat[fk] for fk, k in names.items()}
 
 def vqgan_to_flax(vqgan: VQGAN) -> tuple[dict, dict]:
@@ -389,14 +404,17 @@ def clip_config_from_transformers(c: dict, source="config.json") -> CLIPConfig:
     eos = t.get("eos_token_id", base.eos_id)
     if eos == 2: eos = vocab - 1             # legacy configs: transformers takes the largest id, <|endoftext|>
     try:
-        return CLIPConfig(embed_dim=c.get("projection_dim", base.embed_dim), image_size=v.get("image_size", base.image_size),
+        return CLIPConfig(embed_dim=c.get("projection_dim", base.embed_dim),
+                          image_size=v.get("image_size", base.image_size),
                           patch_size=v.get("patch_size", base.patch_size), vision_width=v.get("hidden_size", base.vision_width),
-                          vision_layers=v.get("num_hidden_layers", base.vision_layers), vision_heads=v.get("num_attention_heads", base.vision_heads),
+                          vision_layers=v.get("num_hidden_layers",
+                                              base.vision_layers), vision_heads=v.get("num_attention_heads", base.vision_heads),
                           vision_mlp=v.get("intermediate_size", base.vision_mlp), text_vocab=vocab,
                           text_len=t.get("max_position_embeddings", base.text_len), text_width=t.get("hidden_size", base.text_width),
                           text_layers=t.get("num_hidden_layers", base.text_layers), text_heads=t.get("num_attention_heads", base.text_heads),
                           text_mlp=t.get("intermediate_size", base.text_mlp), act=acts.pop(), ln_eps=t.get("layer_norm_eps", base.ln_eps),
-                          pad_id=eos, eos_id=eos, logit_scale_init=c.get("logit_scale_init_value", base.logit_scale_init))
+                          pad_id=eos, eos_id=eos, logit_scale_init=c.get("logit_scale_init_value",
+                                                                         base.logit_scale_init))
     except (TypeError, ValueError) as e: raise ConvertError(f"{source}: {e}") from None
 
 # %% ../nbs/09a_convert.ipynb #1569c7e0
@@ -414,7 +432,8 @@ def clip_to_transformers(clip: CLIP) -> tuple[dict, dict]:
                               "num_hidden_layers": c.text_layers, "num_attention_heads": c.text_heads,
                               "max_position_embeddings": c.text_len, "hidden_act": c.act, "layer_norm_eps": c.ln_eps,
                               "eos_token_id": c.eos_id, "pad_token_id": c.pad_id, "projection_dim": c.embed_dim},
-              "vision_config": {"hidden_size": c.vision_width, "intermediate_size": c.vision_mlp, "num_hidden_layers": c.vision_layers,
+              "vision_config": {"hidden_size": c.vision_width, "intermediate_size": c.vision_mlp,
+                                "num_hidden_layers": c.vision_layers,
                                 "num_attention_heads": c.vision_heads, "image_size": c.image_size, "patch_size": c.patch_size,
                                 "hidden_act": c.act, "layer_norm_eps": c.ln_eps, "num_channels": 3, "projection_dim": c.embed_dim}}
     return sd, config

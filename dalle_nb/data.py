@@ -17,7 +17,8 @@ from .sharding import RULES, batch_slice, to_host
 __all__ = ['encode_images', 'Batches', 'blank_captions']
 
 # %% ../nbs/14_data.ipynb #11f4c228
-def encode_images(encode_fn, images, batch_size: int = 256, desc: str = "encoding", progress: bool = True) -> np.ndarray:
+def encode_images(encode_fn, images, batch_size: int = 256, desc: str = "encoding",
+                  progress: bool = True) -> np.ndarray:
     "Apply `encode_fn` (images `[b,H,W,C]` → ids `[b,T]`) to `images` in batches; returns int32 `[N, T]`."
     n = len(images)
     if n == 0: raise ValueError("encode_images: no images")

@@ -20,7 +20,8 @@ __all__ = ['YNN_FUSIONS', 'LOGICAL_AXES', 'QUANTIZE', 'ACTIVATIONS', 'xla_cpu_de
            'served_kernel', 'Embed', 'serve_all', 'Norm', 'Conv', 'gelu', 'quick_gelu', 'swish']
 
 # %% ../nbs/04_layers.ipynb #c22d4f45
-YNN_FUSIONS = {"train": "-individual_convolution", "generate": "individual_dot"}   # XLA:CPU's YNNPACK fusions per purpose
+# XLA:CPU's YNNPACK fusions per purpose
+YNN_FUSIONS = {"train": "-individual_convolution", "generate": "individual_dot"}
 _YNN_FLAG = re.compile(r"\s*--xla_cpu_experimental_ynn_fusion_type=(\S*)")
 
 def xla_cpu_defaults(purpose: str = "train", env=os.environ) -> str:
@@ -40,7 +41,8 @@ def xla_cpu_defaults(purpose: str = "train", env=os.environ) -> str:
 xla_cpu_defaults()       # every process that builds a model: training's flags, before any computation has run
 
 # %% ../nbs/04_layers.ipynb #e92a50be
-LOGICAL_AXES = ("batch", "length", "embed", "heads", "kv", "mlp", "vocab", "norm", "layers", "conv_in", "conv_out", "precond")
+LOGICAL_AXES = ("batch", "length", "embed", "heads", "kv", "mlp", "vocab", "norm", "layers", "conv_in", "conv_out",
+                "precond")
 
 def dtype_of(name) -> jnp.dtype:
     "A JAX dtype from a config string such as `'bfloat16'` (dtypes pass through)."
@@ -124,7 +126,8 @@ def served_kernel(w, quantize: str | None = None) -> tuple:
     if quantize not in QUANTIZE: raise ValueError(f"quantize must be one of {QUANTIZE}, got {quantize!r}")
     return _served_kernel(w, quantize)
 
-@partial(jax.jit, static_argnums=1)     # one program per kernel shape: the file's float16 goes to the device as it is, cast and transposed there
+# one program per kernel shape: the file's float16 goes to the device as it is, cast and transposed there
+@partial(jax.jit, static_argnums=1)
 def _served_kernel(w, quantize):
     w = jnp.swapaxes(w.astype(jnp.float32), -1, -2)                            # stacked layers keep their leading axis
     if quantize != "int8": return w.astype(dtype_of(quantize or "float32")), None
@@ -181,7 +184,8 @@ class Norm(nnx.Module):
         if kind not in ("layernorm", "rmsnorm"): raise ValueError(f"Norm: kind must be 'layernorm' or 'rmsnorm', got {kind!r}")
         self.kind, self.eps, self.dtype = kind, eps, dtype_of(dtype)
         self.scale = param(rngs, nnx.initializers.ones, (dim,), ("norm",), param_dtype) if use_scale else None
-        self.bias = param(rngs, nnx.initializers.zeros, (dim,), ("norm",), param_dtype) if use_bias and kind == "layernorm" else None
+        self.bias = param(rngs, nnx.initializers.zeros, (dim,),
+                          ("norm",), param_dtype) if use_bias and kind == "layernorm" else None
 
     def __call__(self, x):
         x32 = x.astype(jnp.float32)
@@ -204,7 +208,8 @@ class Conv(nnx.Module):
 
     def __call__(self, x):
         pad = self.padding if isinstance(self.padding, str) else tuple(tuple(p) for p in self.padding)
-        y = jax.lax.conv_general_dilated(x.astype(self.dtype), self.kernel[...].astype(self.dtype), (self.stride,) * 2, pad,
+        y = jax.lax.conv_general_dilated(x.astype(self.dtype), self.kernel[...].astype(self.dtype), (self.stride,) * 2,
+                                         pad,
                                          dimension_numbers=("NHWC", "HWIO", "NHWC"))
         return y + self.bias[...].astype(self.dtype) if self.bias is not None else y
 

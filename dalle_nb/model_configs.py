@@ -30,10 +30,13 @@ class VQGANConfig:
     norm_groups: int = 8              # GroupNorm groups (32 in the published model)
     norm_eps: float = 1e-6
     beta: float = 0.25                # commitment loss weight
-    restart_until: int = -200         # training: dead codes re-seeded every 100 steps before this step (negative: counted back from the last)
-    signed_input: bool = True         # encoder reads images mapped to [-1, 1]; False: [0, 1], as dalle-mini encoded its data
+    # training: dead codes re-seeded every 100 steps before this step (negative: counted back from the last)
+    restart_until: int = -200
+    # encoder reads images mapped to [-1, 1]; False: [0, 1], as dalle-mini encoded its data
+    signed_input: bool = True
     decoder_only: bool = False        # no encoder / quant_conv (min-dalle ships only the decoder, `detoker.pt`)
-    color_codes: int = 0              # > 0: factored tokens, per patch an outline code (of n_embed) then a colour code (of these)
+    # > 0: factored tokens, per patch an outline code (of n_embed) then a colour code (of these)
+    color_codes: int = 0
     dtype: str = "float32"
 
     def __post_init__(self):
@@ -56,7 +59,8 @@ class VQGANConfig:
 # %% ../nbs/00a_model_configs.ipynb #a72f270f
 LN_TYPES = ("layernorm", "rmsnorm")
 LN_POSITIONS = ("normformer", "preln", "postln")
-REMATS = ("none", "full", "outputs")   # per-layer gradient checkpointing: off, everything recomputed, sub-layer outputs kept
+# per-layer gradient checkpointing: off, everything recomputed, sub-layer outputs kept
+REMATS = ("none", "full", "outputs")
 TEXT_NORMALIZERS = ("dalle_nb", "dalle_mini", "none")   # see dalle_nb.text: this package's rules, dalle-mini's, none
 
 @dataclass(frozen=True)
@@ -80,7 +84,8 @@ class BartConfig:
     pad_id: int = 1                   # text padding id
     text_normalizer: str = "dalle_nb"  # caption cleaning the model was trained with: dalle_nb | dalle_mini | none
     scan_layers: bool = True          # stack layers and run them with nnx.scan
-    remat: str = "none"               # none | full | outputs  (gradient checkpointing per layer; outputs: keep sub-layer outputs)
+    # none | full | outputs  (gradient checkpointing per layer; outputs: keep sub-layer outputs)
+    remat: str = "none"
     dtype: str = "float32"            # compute dtype (bfloat16 on accelerators)
     param_dtype: str = "float32"
 
@@ -156,7 +161,8 @@ class DVAEConfig:
     tau_steps: int = 1000             # ... over this many steps (paper 150,000)
     kl_weight: float = 6.6            # β after warm-up (the paper's 6.6)
     kl_warmup_steps: int = 500        # β rises (cosine) from 0 over this many steps (paper 5,000)
-    usage_weight: float = 0.0         # w · KL(codes' average posterior over batch and grid ‖ uniform); not in the paper (0)
+    # w · KL(codes' average posterior over batch and grid ‖ uniform); not in the paper (0)
+    usage_weight: float = 0.0
     dtype: str = "float32"
 
     def __post_init__(self):
@@ -251,8 +257,10 @@ def head_dim(self: DalleConfig) -> int:
 # %% ../nbs/00a_model_configs.ipynb #cbe0dfbd
 F16_VQGAN = VQGANConfig(resolution=256, ch=128, ch_mult=(1, 1, 2, 2, 4), num_res_blocks=2, attn_resolutions=(16,),
                         z_channels=256, embed_dim=256, n_embed=16384, norm_groups=32, norm_eps=1e-6, signed_input=False)
-CLIP_VIT_B32 = CLIPConfig(embed_dim=512, image_size=224, patch_size=32, vision_width=768, vision_layers=12, vision_heads=12,
+CLIP_VIT_B32 = CLIPConfig(embed_dim=512, image_size=224, patch_size=32, vision_width=768, vision_layers=12,
+                          vision_heads=12,
                           vision_mlp=3072, text_vocab=49408, text_len=77, text_width=512, text_layers=12, text_heads=8,
                           text_mlp=2048, act="quick_gelu", pad_id=49407, eos_id=49407)
-PAPER_DVAE = DVAEConfig(resolution=256, patch=1, n_hid=256, group_count=4, n_blk_per_group=2, n_init=128, vocab_size=8192,
+PAPER_DVAE = DVAEConfig(resolution=256, patch=1, n_hid=256, group_count=4, n_blk_per_group=2, n_init=128,
+                        vocab_size=8192,
                         tau_steps=150_000, kl_warmup_steps=5_000)

@@ -21,8 +21,10 @@ class PodError(ValueError):
     "A pod request refused before anything ran (a bad name, a missing wheel, a failed gcloud call)."
 
 _RULES = {
-    "pod name": (r"[a-z](?:[-a-z0-9]{0,61}[a-z0-9])?", "lowercase letters, digits and hyphens, starting with a letter, not ending with a hyphen, at most 63 characters"),
-    "run name": (r"[a-z0-9](?:[-_a-z0-9]{0,61}[a-z0-9])?", "lowercase letters, digits, '-' and '_', starting and ending with a letter or digit, at most 63 characters"),
+    "pod name": (r"[a-z](?:[-a-z0-9]{0,61}[a-z0-9])?",
+                 "lowercase letters, digits and hyphens, starting with a letter, not ending with a hyphen, at most 63 characters"),
+    "run name": (r"[a-z0-9](?:[-_a-z0-9]{0,61}[a-z0-9])?",
+                 "lowercase letters, digits, '-' and '_', starting and ending with a letter or digit, at most 63 characters"),
     "zone": (r"[a-z]+-[a-z]+[0-9]+-[a-z]", "like europe-west4-a"),
     "accelerator type": (r"v[0-9]+[a-z]*-[0-9]+", "like v3-256"),
     "runtime version": (r"[a-z0-9][-a-z0-9._]{0,62}", "like tpu-ubuntu2204-base"),
@@ -200,7 +202,8 @@ def worker_start(run: str, argv, directory=f"~/{RUNS_DIR}", env=None) -> int:
     code.unlink(missing_ok=True)
     with open(log, "ab") as f:
         f.write(f"=== {time.strftime('%Y-%m-%d %H:%M:%S')} {shlex.join(argv)}\n".encode()); f.flush()
-        p = subprocess.Popen([sys.executable, "-c", "from dalle_nb.pod import _supervise; _supervise()", str(log.parent), run, *argv],
+        p = subprocess.Popen([sys.executable, "-c", "from dalle_nb.pod import _supervise; _supervise()",
+                              str(log.parent), run, *argv],
                              stdin=subprocess.DEVNULL, stdout=f, stderr=subprocess.STDOUT, start_new_session=True, env=env)
     pid.write_text(f"{p.pid}\n")
     return p.pid
@@ -230,7 +233,8 @@ def source_root() -> Path | None:
     "The source checkout this package runs from (the folder with pyproject.toml and dalle_nb/), or None for an installed wheel."
     try: here = Path(__file__).resolve().parent
     except NameError: here = Path.cwd()                     # run inside the notebook
-    return next((d for d in (here, *here.parents) if (d / "pyproject.toml").exists() and (d / "dalle_nb").is_dir()), None)
+    return next((d for d in (here, *here.parents) if (d / "pyproject.toml").exists() and (d / "dalle_nb").is_dir()),
+                None)
 
 def build_wheel(out_dir, root=None, runner=None) -> Path:
     "Build a wheel of this package from its source checkout (`pip wheel --no-deps`) into `out_dir`; returns its path."
@@ -243,7 +247,8 @@ def build_wheel(out_dir, root=None, runner=None) -> Path:
     before = set(out_dir.glob("dalle_nb-*.whl"))
     runner([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(out_dir), str(root)])
     if dry: return out_dir / "dalle_nb-VERSION-py3-none-any.whl"
-    new = sorted(set(out_dir.glob("dalle_nb-*.whl")) - before) or sorted(out_dir.glob("dalle_nb-*.whl"), key=lambda p: p.stat().st_mtime)
+    new = sorted(set(out_dir.glob("dalle_nb-*.whl")) - before) or sorted(out_dir.glob("dalle_nb-*.whl"),
+                                                                         key=lambda p: p.stat().st_mtime)
     if not new: raise PodError(f"pip wheel wrote no dalle_nb wheel into {out_dir}")
     return new[-1]
 
@@ -265,7 +270,8 @@ class TPUPod:
     def gcloud(self, verb: str, *args) -> list[str]:
         "`gcloud compute tpus tpu-vm VERB ARGS --zone=… [--project=…]`."
         s = self.spec
-        return ["gcloud", "compute", "tpus", "tpu-vm", verb, *args, f"--zone={s.zone}", *([f"--project={s.project}"] if s.project else [])]
+        return ["gcloud", "compute", "tpus", "tpu-vm", verb, *args, f"--zone={s.zone}",
+                *([f"--project={s.project}"] if s.project else [])]
 
     def ssh(self, command: str, worker="all") -> list[str]:
         "ssh into `worker` (a number or 'all') and run the shell `command` there."
@@ -279,7 +285,8 @@ def create(self: TPUPod):
     "Create the pod (spot/preemptible as the spec says)."
     s = self.spec
     extra = {"spot": ["--spot"], "preemptible": ["--preemptible"], "standard": []}[s.provisioning]
-    return self.run(self.gcloud("create", s.name, f"--accelerator-type={s.accelerator}", f"--version={s.version}", *extra))
+    return self.run(self.gcloud("create", s.name, f"--accelerator-type={s.accelerator}", f"--version={s.version}",
+                                *extra))
 
 @patch
 def setup(self: TPUPod, wheel, mounts=()):
@@ -315,7 +322,8 @@ def logs(self: TPUPod, run: str, worker=0, lines: int = 100, follow: bool = True
 @patch
 def run_status(self: TPUPod, run: str) -> str:
     "The run's status on worker 0: `running`, `exit N`, `absent` (or `unknown` when the worker cannot be reached)."
-    r = self.run(self.ssh(remote(["dalle-nb", "pod", "worker-status", "--run", check_name("run name", run)]), worker=0), capture=True, check=False)
+    r = self.run(self.ssh(remote(["dalle-nb", "pod", "worker-status", "--run", check_name("run name", run)]), worker=0),
+                 capture=True, check=False)
     out = r.stdout.strip().splitlines()
     return out[-1] if r.returncode == 0 and out else "unknown"
 
@@ -337,7 +345,8 @@ def list(self: TPUPod) -> list[dict]:
     "The TPU VMs in the zone: `[{'name', 'state', 'accelerator'}]`."
     r = self.run(self.gcloud("list", "--format=json"), capture=True)
     rows = json.loads(r.stdout) if r.stdout.strip() else []
-    return [{"name": x.get("name", "").rsplit("/", 1)[-1], "state": x.get("state", ""), "accelerator": x.get("acceleratorType", "")} for x in rows]
+    return [{"name": x.get("name", "").rsplit("/", 1)[-1], "state": x.get("state", ""),
+             "accelerator": x.get("acceleratorType", "")} for x in rows]
 
 # %% ../nbs/16_pod.ipynb #08754e32
 GONE = ("PREEMPTED", "TERMINATED", "STOPPED", "NOT_FOUND")
@@ -402,7 +411,8 @@ class LocalPod:
 
     def env(self, job: TrainJob) -> dict:
         "The environment of every process: D fake CPU devices, unbuffered output, the job's variables."
-        return {**os.environ, "XLA_FLAGS": f"--xla_force_host_platform_device_count={self.devices}", "JAX_PLATFORMS": "cpu",
+        return {**os.environ, "XLA_FLAGS": f"--xla_force_host_platform_device_count={self.devices}",
+                "JAX_PLATFORMS": "cpu",
                 "PYTHONUNBUFFERED": "1", **dict(job.env)}
 
     def launch(self, job: TrainJob, port: int | None = None) -> list:

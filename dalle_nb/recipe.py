@@ -108,13 +108,16 @@ def train_all(cfg: RunConfig, workdir, stages=None, progress: bool = True, comma
     d = cfg.data
     images, captions = make_split("train", d.n_train, d.seed) if not data else (None, None)
     val_images, val_captions = make_split("val", d.n_val, d.seed) if not data else (None, None)
-    text = prev.text if prev is not None else TextEncoder(train_tokenizer(captions, vocab_size=min(cfg.text_vocab, cfg.clip.text_vocab)), cfg.text_len)
-    if text.max_len != cfg.text_len: text = TextEncoder(text.tokenizer, cfg.text_len, normalizer=text.normalizer)   # the other architecture's length
+    text = prev.text if prev is not None else TextEncoder(train_tokenizer(captions,
+                                                                          vocab_size=min(cfg.text_vocab, cfg.clip.text_vocab)), cfg.text_len)
+    # the other architecture's length
+    if text.max_len != cfg.text_len: text = TextEncoder(text.tokenizer, cfg.text_len, normalizer=text.normalizer)
     hists = {}
     m = {n: getattr(prev, n) if prev is not None else None for n in ("vqgan", "bart", "clip", "dvae", "dalle")}
     for stage in stages:
         if stage == "decoder" and cfg.decoder_train.steps == 0: continue
-        run = StageRun(stage, cfg, workdir, text, m, images, captions, val_images, val_captions, tuple(data or ()), progress)
+        run = StageRun(stage, cfg, workdir, text, m, images, captions, val_images, val_captions, tuple(data or ()),
+                       progress)
         m[STAGES[stage].model], hists[stage] = train_stage(STAGES[stage], run)
         if is_primary(): (workdir / f"history_{stage}.json").write_text(json.dumps(hists[stage]))
     m = {n: _on_host(v) for n, v in m.items()}
@@ -123,7 +126,8 @@ def train_all(cfg: RunConfig, workdir, stages=None, progress: bool = True, comma
     if is_primary():
         save_models(out, models, card=_card(cfg, hists, command or f"train_all(get_config({cfg.name!r}), ...)",
                                             prev.card if prev is not None else ""))
-        for stage, h in hists.items(): (out / f"history_{stage}.json").write_text(json.dumps(h))   # the curves travel with the model
+        # the curves travel with the model
+        for stage, h in hists.items(): (out / f"history_{stage}.json").write_text(json.dumps(h))
     if jax.process_count() > 1: multihost_utils.sync_global_devices("dalle_nb:model-directory-written")
     return out
 

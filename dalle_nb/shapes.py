@@ -282,7 +282,8 @@ def corrupt_caption(caption: str, rng, kind: str, exclude=()) -> str | None:
         objs[j] = replace(objs[j], size="large" if objs[j].size == "small" else "small")
     elif kind == "relation":
         if rel is None: return None
-        rel = {"to the left of": "to the right of", "to the right of": "to the left of", "above": "below", "below": "above"}[rel]
+        rel = {"to the left of": "to the right of", "to the right of": "to the left of", "above": "below",
+               "below": "above"}[rel]
     else: raise ValueError(f"unknown corruption {kind!r}")
     phrase = lambda o: ("a " + (f"{o.size} " if o.size else "") + f"{o.color} {o.shape}")
     return phrase(objs[0]) + (f" {rel} {phrase(objs[1])}" if len(objs) == 2 else "")

@@ -154,7 +154,8 @@ def partition_specs(state, mesh_shape: dict, rules=RULES) -> dict:
     "`{path: {'shape', 'names', 'spec'}}` for every variable of `state` on a mesh of `mesh_shape` axis sizes (no devices needed)."
     unknown = set(mesh_shape) - set(MESH_AXES)
     if unknown: raise ValueError(f"partition_specs: unknown mesh axes {sorted(unknown)}; the mesh axes are {MESH_AXES}")
-    mesh = jax.sharding.AbstractMesh(tuple(int(mesh_shape.get(a, 1)) for a in MESH_AXES), MESH_AXES, axis_types=(AxisType.Auto,) * 3)
+    mesh = jax.sharding.AbstractMesh(tuple(int(mesh_shape.get(a, 1)) for a in MESH_AXES), MESH_AXES,
+                                     axis_types=(AxisType.Auto,) * 3)
     out = {}
     for path, v in nnx.to_flat_state(state):
         names = _names(v)
@@ -201,7 +202,8 @@ def global_batch(local, mesh: Mesh, global_size: int, rules=RULES):
         x = np.asarray(x)
         if x.shape[0] * count != global_size:
             raise ValueError(f"process {jax.process_index()}: got {x.shape[0]} rows, but holds {global_size // count} of the global batch of {global_size}")
-        return jax.make_array_from_process_local_data(batch_sharding(mesh, x.ndim, rules), x, (global_size, *x.shape[1:]))
+        return jax.make_array_from_process_local_data(batch_sharding(mesh, x.ndim, rules), x,
+                                                      (global_size, *x.shape[1:]))
     return jax.tree.map(put, local)
 
 # %% ../nbs/12_sharding.ipynb #a7f99828

@@ -23,7 +23,8 @@ __all__ = ['TokenLoader']
 # %% ../nbs/14b_stream.ipynb #36f95bfe
 class TokenLoader:
     "Endless, resumable batches `{'text': int32 [b, L], 'image': int32 [b, T]}` streamed from token shards; each process reads its own."
-    def __init__(self, path, batch_size: int, text: TextEncoder, seed: int = 0, shuffle_buffer: int = 4096, blank_prob: float = 0.0,
+    def __init__(self, path, batch_size: int, text: TextEncoder, seed: int = 0, shuffle_buffer: int = 4096,
+                 blank_prob: float = 0.0,
                  clip_range: tuple | None = None, where: dict | None = None, columns=(), step: int = 0,
                  process_index: int | None = None, process_count: int | None = None):
         self.process_index = jax.process_index() if process_index is None else process_index
@@ -154,13 +155,15 @@ def on_mesh(cls, path, batch_size: int, mesh, text: TextEncoder, **kwargs) -> "T
 @patch_to(TokenLoader)
 def state(self) -> dict:
     "Where the loader is (JSON): step, seed, and what a resumed run must match — batch size, dataset size, processes, filters."
-    return {"step": self.step, "seed": self.seed, "batch_size": self.batch_size, "shards": self.total[0], "rows": self.total[1],
+    return {"step": self.step, "seed": self.seed, "batch_size": self.batch_size, "shards": self.total[0],
+            "rows": self.total[1],
             "process_count": self.process_count, "filters": repr((self.clip_range, sorted(self.where.items())))}
 
 @patch_to(TokenLoader)
 def restore(self, state: dict):
     "Continue from a `state()` snapshot (taken on any host)."
-    for k, mine in (("seed", self.seed), ("batch_size", self.batch_size), ("shards", self.total[0]), ("rows", self.total[1])):
+    for k, mine in (("seed", self.seed), ("batch_size", self.batch_size), ("shards", self.total[0]),
+                    ("rows", self.total[1])):
         if k in state and state[k] != mine: raise ValueError(f"TokenLoader: checkpoint was taken with {k}={state[k]}, this loader has {mine}")
     for k, mine in (("process_count", self.process_count), ("filters", self.state()["filters"])):
         if k in state and state[k] != mine:

@@ -112,7 +112,8 @@ class Level(nnx.Module):
 class Mid(nnx.Module):
     "The bottleneck: residual block, attention, residual block."
     def __init__(self, ch, cfg, *, rngs):
-        self.block_1, self.attn_1, self.block_2 = ResnetBlock(ch, ch, cfg, rngs=rngs), AttnBlock(ch, cfg, rngs=rngs), ResnetBlock(ch, ch, cfg, rngs=rngs)
+        self.block_1, self.attn_1, self.block_2 = ResnetBlock(ch,
+                                                              ch, cfg, rngs=rngs), AttnBlock(ch, cfg, rngs=rngs), ResnetBlock(ch, ch, cfg, rngs=rngs)
     def __call__(self, x): return self.block_2(self.attn_1(self.block_1(x)))
 
 # %% ../nbs/05_vqgan.ipynb #791c6e83
@@ -124,7 +125,8 @@ class Encoder(nnx.Module):
         res, cin, levels = cfg.resolution // cfg.patch, cfg.ch, []
         for i, cout in enumerate(chs):
             last = i == len(chs) - 1
-            levels.append(Level(cin, cout, cfg.num_res_blocks, res in cfg.attn_resolutions, None if last else Downsample, cfg, rngs=rngs))
+            levels.append(Level(cin, cout, cfg.num_res_blocks, res in cfg.attn_resolutions,
+                                None if last else Downsample, cfg, rngs=rngs))
             cin, res = cout, res if last else res // 2
         self.down = nnx.List(levels)
         self.mid = Mid(cin, cfg, rngs=rngs)
@@ -147,7 +149,8 @@ class Decoder(nnx.Module):
         self.mid = Mid(cin, cfg, rngs=rngs)
         levels = [None] * len(chs)
         for i in reversed(range(len(chs))):
-            levels[i] = Level(cin, chs[i], cfg.num_res_blocks + 1, res in cfg.attn_resolutions, Upsample if i else None, cfg, rngs=rngs)
+            levels[i] = Level(cin, chs[i], cfg.num_res_blocks + 1, res in cfg.attn_resolutions, Upsample if i else None,
+                              cfg, rngs=rngs)
             cin, res = chs[i], res * 2 if i else res
         self.up = nnx.List(levels)
         self.norm_out = GroupNorm(cin, cfg.norm_groups, cfg.norm_eps, rngs=rngs)
@@ -189,7 +192,8 @@ class VectorQuantizer(nnx.Module):
         if update_usage: self.usage[...] = self.decay * self.usage[...] + (1 - self.decay) * counts
         probs = jnp.maximum(counts, 1e-10)
         perplexity = jnp.exp(-(counts * jnp.log(probs)).sum())
-        losses = {"codebook": codebook, "commit": commit, "loss": codebook + self.beta * commit, "perplexity": perplexity}
+        losses = {"codebook": codebook, "commit": commit, "loss": codebook + self.beta * commit,
+                  "perplexity": perplexity}
         return z + jax.lax.stop_gradient(zq - z), ids, losses
 
 # %% ../nbs/05_vqgan.ipynb #18935d31
@@ -289,7 +293,8 @@ def vqgan_loss(model: VQGAN, images, l1: float = 1.0, l2: float = 1.0, edge: flo
     recon, aux = model(images, update_usage=True)
     err = recon - images
     rec = l1 * jnp.abs(err).mean() + l2 * (err ** 2).mean()
-    if edge: rec = rec + edge * sum(jnp.abs(a - b).mean() for a, b in zip(image_gradients(recon), image_gradients(images)))
+    if edge: rec = rec + edge * sum(jnp.abs(a - b).mean() for a, b in zip(image_gradients(recon),
+                                                                          image_gradients(images)))
     loss = rec + aux["loss"]
     return loss, {"loss": loss, "recon": rec, "codebook": aux["codebook"], "commit": aux["commit"],
                   "perplexity": aux["perplexity"], "psnr": psnr(jnp.clip(recon, 0, 1), images)}

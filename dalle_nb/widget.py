@@ -63,7 +63,8 @@ def panel(pipe):
     ui.stop = W.Button(description="Stop", disabled=True)
     ui.progress, ui.status = W.IntProgress(value=0, min=0, max=1, description="tokens"), W.Label()
     ui.grid = W.GridBox(layout=W.Layout(grid_template_columns="repeat(4, 136px)", grid_gap="4px"))
-    for c in ("prompt", "generate", "stop", "upload", "progress", "status", "grid"): getattr(ui, c).add_class(f"dalle-{c}")
+    for c in ("prompt", "generate", "stop", "upload",
+              "progress", "status", "grid"): getattr(ui, c).add_class(f"dalle-{c}")
     ui.children = [ui.prompt, W.HBox([ui.scale, ui.top_k]), W.HBox([ui.temperature, ui.plausibility]),
                    W.HBox([ui.n, ui.keep]), W.HBox([ui.seed, ui.every]), W.HBox([ui.upload, ui.keep_rows, ui.clear]),
                    W.HBox([ui.generate, ui.stop, ui.progress]), ui.status, ui.grid]
@@ -98,13 +99,15 @@ def _work(ui):
     try:
         image = _uploaded(ui.upload) if ui.upload.value else ui.image
         ui.progress.max, ui.progress.value = ui.n.value * pipe.image_len, 0
-        r = pipe(ui.prompt.value, n=ui.n.value, rerank=min(ui.keep.value, ui.n.value), cond_scale=ui.scale.value, seed=ui.seed.value,
+        r = pipe(ui.prompt.value, n=ui.n.value, rerank=min(ui.keep.value, ui.n.value), cond_scale=ui.scale.value,
+                 seed=ui.seed.value,
                  temperature=ui.temperature.value, top_k=ui.top_k.value, plausibility=ui.plausibility.value, image_prompt=image,
                  keep_rows=ui.keep_rows.value if image is not None else None, every=ui.every.value, callback=partial(_on_step, ui))
     except ValueError as e:                                    # SettingError, PromptError: the user's to fix
         ui.status.value, ui.result = f"⚠ {e}", None
     else:
-        _show(ui, r.images, [f"#{i} clip {s:.2f}" for i, s in zip(r.indices, r.scores)] if r.scores is not None else [f"#{i}" for i in r.indices])
+        _show(ui, r.images,
+              [f"#{i} clip {s:.2f}" for i, s in zip(r.indices, r.scores)] if r.scores is not None else [f"#{i}" for i in r.indices])
         extra = (f", image prompt: top {r.settings['keep_rows']} rows kept" if image is not None else "") + (" (stopped)" if ui.stopping.is_set() else "")
         ui.status.value, ui.result = f"{len(r.images)} image(s) in {time.perf_counter() - t0:.1f}s{extra}", r
     finally: ui.generate.disabled, ui.stop.disabled = False, True
