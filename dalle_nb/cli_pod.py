@@ -128,6 +128,7 @@ def _wheel_args(p):
     p.add_argument("--wheel", default=None, help="dalle_nb wheel to install (default: build one from this checkout)")
     p.add_argument("--wheel-dir", default="dist", help="where to build the wheel (default dist/)")
 
+# %% ../nbs/11a_cli_pod.ipynb #31795747
 def _add_pod_lifecycle(ps):
     "`pod create|setup|launch|logs|list|stop|delete|watch`."
     p = ps.add_parser("create", help="create a TPU VM pod"); _pod_args(p); _create_args(p)

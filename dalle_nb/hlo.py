@@ -188,6 +188,7 @@ def _conv_flops(out, lhs, rhs, rest) -> int:
         taps *= int(((i >= 0) & (i < span) & (i % ldil[k] == 0)).sum())
     return 2 * taps * out[ol.index("b")] * out[ol.index("f")] * rhs[rl.index("i")]
 
+# %% ../nbs/12a_hlo.ipynb #e7435a51
 def _flops(comp, ins) -> int:
     "FLOPs of a `dot` or `convolution` instruction (0 for anything else)."
     n, shape, op, rest = ins

@@ -134,6 +134,7 @@ def _served_kernel(w, quantize):
     q, scale = quantize_rows(w)
     return q, scale[..., 0]
 
+# %% ../nbs/04_layers.ipynb #d5830dea
 @patch_to(Linear)
 def serve(self: Linear, quantize: str | None = None, kernel=None) -> Linear:
     "Store the kernel `[out, in]` for generating: float32 (`None`), `'bfloat16'`, or `'int8'` with a scale per output channel.\n\n"

@@ -211,6 +211,7 @@ def _plain(tok, roles: dict):
     t.add_special_tokens(sorted(set(roles.values())))
     return t
 
+# %% ../nbs/01_text.ipynb #cdd77434
 class TextEncoder:
     "Normalise + BPE-encode captions into int32 `[B, max_len]` ids (`<s> … </s>` then `<pad>`)."
     def __init__(self, tokenizer, max_len: int, normalizer: str = "dalle_nb"):
