@@ -46,6 +46,7 @@ def _train_seconds(history: list) -> float:
         last = s
     return total + last
 
+# %% ../nbs/15b_recipe.ipynb #0a31653c
 def _card(cfg: RunConfig, hists: dict, command: str, prev: str = "") -> str:
     "Model card: every command that built the model (oldest first) and one row per stage; rows of stages not retrained are kept from `prev`."
     stages = STAGES
