@@ -2,8 +2,9 @@
 beside it. Reads the .ipynb files only (nothing is executed), so it takes well under a second.
 
 Three kinds of claim can be checked mechanically, each only where the outputs hold something to check it against:
-* a quantity with a unit (`7.6 GiB`, `31.95 dB`, `12 %`) must be one of the notebook's output quantities of the
-  same unit, at the precision quoted, whenever the outputs show any quantity of that unit;
+* a quantity with a unit (`7.6 GiB`, `31.95 dB`, `12 %`) that lies within the span of the notebook's output
+  quantities of the same unit must be one of them, at the precision quoted (a number outside that span — a core's
+  16 GiB beside a model's 9.6 — is taken to be about something else);
 * a step count written out in words (`forty steps`, `a few hundred steps`) must fit a count the code cells next to
   the paragraph run or report (`range(100)`, `steps=30`, a `steps` column);
 * a ratio (`about ten times lower`, `twice as fast`) must match the two numbers of the output it describes (±15%).
@@ -59,13 +60,14 @@ def _quantities(cells) -> dict:
 
 
 def unit_claims(cells) -> list:
-    "Prose quantities whose unit the outputs show, but never this number at the precision quoted."
+    "Prose quantities inside the span of the outputs' quantities of their unit, but not one of them as quoted."
     shown, bad = _quantities(cells), []
     for i, c in enumerate(cells):
         if c["cell_type"] != "markdown": continue
         for m in QUANTITY.finditer(_src(c)):
-            places = len(m[1].partition(".")[2])
-            if m[2] in shown and not any(round(v, places) == float(m[1]) for v in shown[m[2]]):
+            places, v = len(m[1].partition(".")[2]), float(m[1])
+            if m[2] not in shown or not min(shown[m[2]]) <= v <= max(shown[m[2]]): continue
+            if not any(round(x, places) == v for x in shown[m[2]]):
                 bad.append(f"cell {i}: '{m[0]}', but the outputs show {m[2]} {sorted(shown[m[2]])[:8]}")
     return bad
 
@@ -123,9 +125,10 @@ def _code(src, out): return {"cell_type": "code", "source": [src], "outputs": [{
 
 def test_the_checks_catch_what_they_are_for():
     "Each rule flags a contradiction and passes the same sentence once it is true."
-    fit = _code("rows", "{'name': 'journal', 'GiB/core': 10.24, 'fits': True}")
+    fit = _code("rows", "{'name': 'journal', 'GiB/core': 10.24, 'fits': True}\n{'name': 'fsdp', 'GiB/core': 5.97}")
     test = lambda text, cells: bool(unit_claims(cells + [_md(text)]))
-    assert test("takes 7.6 GiB of a core's 16", [fit]) and not test("takes 10.2 GiB of a core's 16", [fit])
+    assert test("takes 7.6 GiB", [fit]) and not test("takes 10.2 GiB, and 6.0 fully sharded", [fit])
+    assert not test("a core's 16 GiB", [fit])                                  # outside 5.97–10.24: about something else
     assert not test("takes 7.6 MiB", [fit])                                    # no MiB in the outputs: nothing to check
     loop = _code("hist = [step() for _ in range(100)]", "{'accuracy': 1.0}")
     assert step_claims([_md("A few hundred steps of Adam"), loop]) and not step_claims([_md("A hundred steps"), loop])
