@@ -54,6 +54,7 @@ class StageRun:
     @property
     def tokenizer(self): return self.models.get(self.cfg.image_tokenizer)
 
+# %% ../nbs/15a_stages.ipynb #a9918eb5
 class Stage(NamedTuple):
     "One training stage: what it trains and the functions of a `StageRun` that differ from other stages."
     model: str                                        # the `Models` field it trains
