@@ -196,6 +196,7 @@ def min_dalle_state(bart: DalleBart) -> tuple[dict, dict]:
     flat = unstack_layers({k: np.asarray(v) for k, v in _flat_params(bart).items()})
     return tuple(to_torch_state({k[len(s) + 1:]: v for k, v in flat.items() if k.startswith(s + "/")}) for s in ("encoder", "decoder"))
 
+# %% ../nbs/09a_convert.ipynb #e41306a9
 def min_dalle_config(encoder_sd: dict, decoder_sd: dict, heads: int | None = None, image_codes: int | None = None,
                      source="encoder.pt") -> BartConfig:
     "The BART config min-dalle's state dicts imply: sizes read off the tensors; heads from the published size, or given."
