@@ -185,7 +185,8 @@ def _add_worker_commands(ps):
 def add_pod_commands(sub, usage_error=PodError):
     "Add `dalle-nb pod …` to an argparse subparsers object; errors become `usage_error` (the CLI's one-line errors)."
     pod = sub.add_parser("pod",
-                         help="TPU pod jobs: create, setup, launch, logs, list, stop, delete, watch; fit (AOT memory check)")
+                         help="TPU pod jobs: create, setup, launch, logs, list, stop, delete, watch; fit (AOT memory "
+                              "check)")
     ps = pod.add_subparsers(dest="pod_command", required=True)
     _add_pod_lifecycle(ps); _add_pod_fit(ps); _add_worker_commands(ps)
     def run(a):

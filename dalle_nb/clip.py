@@ -42,7 +42,8 @@ class CLIPAttention(nnx.Module):
 class CLIPMLP(nnx.Module):
     "`fc2(act(fc1(x)))` with biases."
     def __init__(self, width: int, hidden: int, act: str, dtype="float32", depth: int = 1, *, rngs: nnx.Rngs):
-        if act not in ACTIVATIONS: raise ValueError(f"CLIP: unknown activation {act!r}; choose from {sorted(ACTIVATIONS)}")
+        if act not in ACTIVATIONS: raise ValueError(f"CLIP: unknown activation {act!r}; choose from "
+                                                    f"{sorted(ACTIVATIONS)}")
         self.fc1 = Linear(width, hidden, axes=("embed", "mlp"), use_bias=True, std=(2 * width) ** -0.5, dtype=dtype,
                           rngs=rngs)
         self.fc2 = Linear(hidden, width, axes=("mlp", "embed"), use_bias=True, std=width ** -0.5 * (2 * depth) ** -0.5,
@@ -137,7 +138,8 @@ class TextTransformer(nnx.Module):
         "Every position's final state `[B, L, text_width]` (causal: position t reads ids[:, :t+1] only)."
         ids = jnp.asarray(ids)
         if ids.ndim != 2 or not 1 <= ids.shape[1] <= self.text_len or not jnp.issubdtype(ids.dtype, jnp.integer):
-            raise ValueError(f"CLIP: expected integer text ids [B, L] with 1 <= L <= text_len={self.text_len}, got {ids.dtype} {ids.shape}")
+            raise ValueError(f"CLIP: expected integer text ids [B, L] with 1 <= L <= text_len={self.text_len}, got "
+                             f"{ids.dtype} {ids.shape}")
         T = ids.shape[1]
         return self.final_layer_norm(self.encoder(self.embeddings(ids), jnp.tril(jnp.ones((T, T), bool))))
 
@@ -198,7 +200,8 @@ def clip_loss(model: CLIP, images, ids, neg_ids=None):
 # %% ../nbs/08_clip.ipynb #0dcc0493
 def clip_scores(model: CLIP, images, ids) -> jax.Array:
     "Cosine similarity `[N]` of each of `N` images with the caption `ids` (`[1, L]`, or `[N, L]`: one per image)."
-    if len(ids) not in (1, len(images)): raise ValueError(f"clip_scores: {len(images)} images need 1 or {len(images)} captions, got {len(ids)}")
+    if len(ids) not in (1, len(images)): raise ValueError(f"clip_scores: {len(images)} images need 1 or {len(images)} "
+                                                          f"captions, got {len(ids)}")
     return (model.encode_image(images) * model.encode_text(ids)).sum(-1)
 
 def _prompt_scores(model: CLIP, images, ids) -> jax.Array:
@@ -213,7 +216,8 @@ def rerank(model: CLIP, images, ids, k: int | None = None):
     "Indices of `images` sorted by CLIP score for one caption (`[L]` or `[1, L]`), best first (the top `k`), and their scores."
     ids = jnp.asarray(ids)
     if ids.ndim == 1: ids = ids[None]
-    if ids.ndim != 2 or ids.shape[0] != 1: raise ValueError(f"rerank: one caption [L] or [1, L] expected, got {ids.shape}; use batch_rerank for several")
+    if ids.ndim != 2 or ids.shape[0] != 1: raise ValueError("rerank: one caption [L] or [1, L] expected, got "
+                                                            f"{ids.shape}; use batch_rerank for several")
     s = np.asarray(_jit_scores(model, images, ids))
     order = np.argsort(-s, kind="stable")[:k]
     return order, s[order]
@@ -221,7 +225,8 @@ def rerank(model: CLIP, images, ids, k: int | None = None):
 def batch_rerank(model: CLIP, images, ids, k: int | None = None):
     "For `P` prompts with `N` candidates each (`images [P, N, H, W, 3]`, `ids [P, L]`): indices `[P, k]` and scores, best first."
     if np.ndim(images) != 5 or len(ids) != len(images):
-        raise ValueError(f"batch_rerank: images [P, N, H, W, 3] and ids [P, L] expected, got {np.shape(images)} and {np.shape(ids)}")
+        raise ValueError(f"batch_rerank: images [P, N, H, W, 3] and ids [P, L] expected, got {np.shape(images)} and "
+                         f"{np.shape(ids)}")
     s = np.asarray(_jit_prompt_scores(model, jnp.asarray(images), jnp.asarray(ids)))
     order = np.argsort(-s, axis=1, kind="stable")[:, :k]
     return order, np.take_along_axis(s, order, 1)

@@ -24,7 +24,8 @@ def parse_mesh(spec: str) -> dict:
     sizes = {}
     for part in (p.strip() for p in (spec or "").split(",") if p.strip()):
         m = re.fullmatch(r"(dp|fsdp|mp)\s*=\s*(-1|\d+)", part)
-        if m is None: raise ValueError(f"mesh {spec!r}: expected comma-separated dp=N, fsdp=N, mp=N (N a size or -1), got {part!r}")
+        if m is None: raise ValueError(f"mesh {spec!r}: expected comma-separated dp=N, fsdp=N, mp=N (N a size or -1), "
+                                       f"got {part!r}")
         if m[1] in sizes: raise ValueError(f"mesh {spec!r}: {m[1]} given twice")
         sizes[m[1]] = int(m[2])
     out = {"dp": sizes.get("dp", 1 if -1 in sizes.values() else -1), "fsdp": sizes.get("fsdp", 1),
@@ -85,18 +86,28 @@ class StageConfig:
 def _check_stage(s: StageConfig):
     "Raise `ValueError` for a stage setting outside its range."
     if s.optimizer not in ("adam",
-                           "adafactor", "shampoo"): raise ValueError(f"StageConfig: unknown optimizer {s.optimizer!r}; choose from adam, adafactor, shampoo")
+                           "adafactor", "shampoo"): raise ValueError("StageConfig: unknown optimizer "
+                                                                     f"{s.optimizer!r}; choose from adam, adafactor, "
+                                                                     "shampoo")
     if s.shampoo_graft not in ("sgd", "adagrad", "adagrad_normalized", "rmsprop", "rmsprop_normalized"):
-        raise ValueError(f"StageConfig: shampoo_graft must be sgd, adagrad, adagrad_normalized, rmsprop or rmsprop_normalized, got {s.shampoo_graft!r}")
-    if s.shampoo_every < 1 or s.shampoo_block < 1: raise ValueError("StageConfig: shampoo_every >= 1 and shampoo_block >= 1 are required")
-    if s.decay not in ("cosine", "constant"): raise ValueError(f"StageConfig: decay must be 'cosine' or 'constant', got {s.decay!r}")
-    if not 0 <= s.blank_caption_prob <= 1: raise ValueError(f"StageConfig: blank_caption_prob={s.blank_caption_prob} is not in [0, 1]")
-    if s.powersgd_rank < 0 or not s.loss_scale > 0: raise ValueError(f"StageConfig: powersgd_rank >= 0 and loss_scale > 0 are required, got {s.powersgd_rank} and {s.loss_scale}")
-    if s.steps < 0 or s.batch_size < 1 or s.grad_accum < 1: raise ValueError("StageConfig: steps >= 0, batch_size >= 1 and grad_accum >= 1 are required")
+        raise ValueError("StageConfig: shampoo_graft must be sgd, adagrad, adagrad_normalized, rmsprop or "
+                         f"rmsprop_normalized, got {s.shampoo_graft!r}")
+    if s.shampoo_every < 1 or s.shampoo_block < 1: raise ValueError("StageConfig: shampoo_every >= 1 and "
+                                                                    "shampoo_block >= 1 are required")
+    if s.decay not in ("cosine", "constant"): raise ValueError("StageConfig: decay must be 'cosine' or 'constant', "
+                                                               f"got {s.decay!r}")
+    if not 0 <= s.blank_caption_prob <= 1: raise ValueError(f"StageConfig: blank_caption_prob={s.blank_caption_prob} "
+                                                            "is not in [0, 1]")
+    if s.powersgd_rank < 0 or not s.loss_scale > 0: raise ValueError("StageConfig: powersgd_rank >= 0 and loss_scale "
+                                                                     f"> 0 are required, got {s.powersgd_rank} and "
+                                                                     f"{s.loss_scale}")
+    if s.steps < 0 or s.batch_size < 1 or s.grad_accum < 1: raise ValueError("StageConfig: steps >= 0, batch_size >= "
+                                                                             "1 and grad_accum >= 1 are required")
     if list(s.extended_from) != sorted(set(s.extended_from)) or any(not 0 < n < s.steps for n in s.extended_from):
         raise ValueError(f"StageConfig: extended_from={s.extended_from} must rise, each between 0 and steps={s.steps}")
     try: parse_mesh(s.mesh)
-    except ValueError: raise ValueError(f"StageConfig: mesh must look like 'dp=32,mp=8' (axes dp, fsdp, mp; sizes or -1), got {s.mesh!r}") from None
+    except ValueError: raise ValueError("StageConfig: mesh must look like 'dp=32,mp=8' (axes dp, fsdp, mp; sizes or "
+                                        f"-1), got {s.mesh!r}") from None
 
 # %% ../nbs/00_config.ipynb #4b4729fe
 @dataclass(frozen=True)
@@ -111,7 +122,8 @@ class SampleConfig:
     plausibility: float = 0.0         # keep only ids with p_cond >= plausibility * max p_cond; 0 = off (DALL·E Mega)
 
     def __post_init__(self):
-        if not 0 <= self.plausibility <= 1: raise ValueError(f"SampleConfig: plausibility={self.plausibility} is not in [0, 1]")
+        if not 0 <= self.plausibility <= 1: raise ValueError(f"SampleConfig: plausibility={self.plausibility} is not "
+                                                             "in [0, 1]")
 
 # %% ../nbs/00_config.ipynb #7917b8af
 ARCHS = ("bart", "dalle")
@@ -141,7 +153,9 @@ class RunConfig:
 
     def __post_init__(self):
         if self.arch not in ARCHS: raise ValueError(f"RunConfig: arch must be one of {ARCHS}, got {self.arch!r}")
-        if self.image_tokenizer not in IMAGE_TOKENIZERS: raise ValueError(f"RunConfig: image_tokenizer must be one of {IMAGE_TOKENIZERS}, got {self.image_tokenizer!r}")
+        if self.image_tokenizer not in IMAGE_TOKENIZERS: raise ValueError("RunConfig: image_tokenizer must be one of "
+                                                                          f"{IMAGE_TOKENIZERS}, got "
+                                                                          f"{self.image_tokenizer!r}")
         tok = self.vqgan if self.image_tokenizer == "vqgan" else self.dvae
         name, codes = ("the VQGAN", "n_embed") if self.image_tokenizer == "vqgan" else ("the dVAE", "vocab_size")
         model, (n_codes, n_len) = (("bart", (self.bart.image_codes, self.bart.image_len)) if self.arch == "bart" else
@@ -220,7 +234,8 @@ def override(cfg: RunConfig, assignments=()) -> RunConfig:
         if len(path) > 1: raise ValueError(f"override {a!r}: at most one '.' (section.field)")
         target = getattr(cfg, path[0], None) if path else cfg
         if not dataclasses.is_dataclass(target): raise ValueError(f"override {a!r}: {path[0]!r} is not a config section")
-        if last not in {f.name for f in fields(target)}: raise ValueError(f"override {a!r}: {type(target).__name__} has no field {last!r}")
+        if last not in {f.name for f in fields(target)}: raise ValueError(f"override {a!r}: {type(target).__name__} "
+                                                                          f"has no field {last!r}")
         try: changes.setdefault(path[0] if path else "", {})[last] = _parse_like(getattr(target, last), text.strip())
         except ValueError as e: raise ValueError(f"override {a!r}: {e}") from None
     top = changes.pop("", {})

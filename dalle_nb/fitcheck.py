@@ -95,10 +95,13 @@ def table(self: FitReport) -> str:
     g = lambda b: f"{b / 2**30:8.2f} GiB"
     c = self.config
     rows = [f"fit check: {c['preset']} {c['stage']} step on {c['topology']} ({c['devices']} cores), mesh {c['mesh']}",
-            f"  batch {c['per_replica']} per replica x {c['replicas']} replicas x {c['accum']} accumulation = {c['global_batch']} per update;"
-            f" remat {c['remat']}, scan {c['scan']}, params {c['param_dtype']}, compute {c['dtype']}, optimizer {c['optimizer']}",
+            f"  batch {c['per_replica']} per replica x {c['replicas']} replicas x {c['accum']} accumulation = "
+            f"{c['global_batch']} per update;"
+            f" remat {c['remat']}, scan {c['scan']}, params {c['param_dtype']}, compute {c['dtype']}, optimizer "
+            f"{c['optimizer']}",
             *([f"  DOES NOT FIT: the TPU compiler refused the program: {self.error}",
-               f"  it needs at least {g(self.memory['total'])} of temporaries per core; {self.hbm_bytes / 2**30:.0f} GiB HBM"] if self.error else [
+               f"  it needs at least {g(self.memory['total'])} of temporaries per core; {self.hbm_bytes / 2**30:.0f} "
+               "GiB HBM"] if self.error else [
             f"  arguments (state + batch) {g(self.memory['argument'])}",
             f"  outputs not donated       {g(self.memory['output'] - self.memory['alias'])}",
             f"  temporaries               {g(self.memory['temp'])}",
@@ -234,7 +237,8 @@ def load_fit_results(path) -> list[dict]:
 
 # %% ../nbs/16a_fitcheck.ipynb #ae2a74b7
 V3 = {"peak_flops": 61.5e12, "hbm_bytes_per_s": 450e9, "ici_bytes_per_s": 166e9,
-      "source": "Google Cloud TPU v3 page: 123 TFLOP/s bf16 and 900 GB/s HBM per chip (2 cores), 340 TB/s all-reduce bandwidth per 1024-chip pod"}
+      "source": "Google Cloud TPU v3 page: 123 TFLOP/s bf16 and 900 GB/s HBM per chip (2 cores), 340 TB/s all-reduce "
+                "bandwidth per 1024-chip pod"}
 
 def _wire_bytes(op: str, nbytes: float, n: int) -> float:
     "Bytes a device sends for one collective of result size `nbytes` over a group of `n` (ring algorithms)."

@@ -26,7 +26,8 @@ _YNN_FLAG = re.compile(r"\s*--xla_cpu_experimental_ynn_fusion_type=(\S*)")
 
 def xla_cpu_defaults(purpose: str = "train", env=os.environ) -> str:
     "Set `env['XLA_FLAGS']`'s YNNPACK fusions for `purpose` (`train` or `generate`; see above) unless you chose them; returns the flags."
-    if purpose not in YNN_FUSIONS: raise ValueError(f"xla_cpu_defaults: unknown purpose {purpose!r}; choose from {sorted(YNN_FUSIONS)}")
+    if purpose not in YNN_FUSIONS: raise ValueError(f"xla_cpu_defaults: unknown purpose {purpose!r}; choose from "
+                                                    f"{sorted(YNN_FUSIONS)}")
     flags = env.get("XLA_FLAGS", "")
     mine = _YNN_FLAG.search(flags)
     if (mine and mine.group(1) != env.get("DALLE_NB_YNN")) or env.get("DALLE_NB_XLA_DEFAULTS", "1") == "0": return flags
@@ -52,7 +53,8 @@ def dtype_of(name) -> jnp.dtype:
 def param(rngs: nnx.Rngs, init, shape, axes, dtype="float32") -> nnx.Param:
     "A parameter initialised by `init`, its axes tagged with logical names (`None` for an axis never split)."
     axes = tuple(axes)
-    if len(axes) != len(shape): raise ValueError(f"param: {len(shape)}-d shape {tuple(shape)} but {len(axes)} axis names {axes}")
+    if len(axes) != len(shape): raise ValueError(f"param: {len(shape)}-d shape {tuple(shape)} but {len(axes)} axis "
+                                                 f"names {axes}")
     bad = [a for a in axes if a is not None and a not in LOGICAL_AXES]
     if bad: raise ValueError(f"param: unknown logical axis name(s) {bad}; known: {LOGICAL_AXES}")
     value = jax.ShapeDtypeStruct(tuple(shape), dtype_of(dtype)) if shapes_only() else init(rngs.params(), tuple(shape), dtype_of(dtype))
@@ -182,7 +184,8 @@ class Norm(nnx.Module):
     "LayerNorm (`kind='layernorm'`) or RMSNorm (`kind='rmsnorm'`) over the last axis, computed in float32."
     def __init__(self, dim: int, *, kind: str = "layernorm", eps: float = 1e-5, use_scale: bool = True,
                  use_bias: bool = True, dtype="float32", param_dtype="float32", rngs: nnx.Rngs):
-        if kind not in ("layernorm", "rmsnorm"): raise ValueError(f"Norm: kind must be 'layernorm' or 'rmsnorm', got {kind!r}")
+        if kind not in ("layernorm", "rmsnorm"): raise ValueError("Norm: kind must be 'layernorm' or 'rmsnorm', got "
+                                                                  f"{kind!r}")
         self.kind, self.eps, self.dtype = kind, eps, dtype_of(dtype)
         self.scale = param(rngs, nnx.initializers.ones, (dim,), ("norm",), param_dtype) if use_scale else None
         self.bias = param(rngs, nnx.initializers.zeros, (dim,),

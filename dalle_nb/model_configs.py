@@ -41,9 +41,11 @@ class VQGANConfig:
 
     def __post_init__(self):
         if self.color_codes < 0: raise ValueError(f"VQGANConfig: color_codes must be >= 0, got {self.color_codes}")
-        if self.resolution % self.factor: raise ValueError(f"VQGANConfig: resolution {self.resolution} is not divisible by the downsampling factor {self.factor}")
+        if self.resolution % self.factor: raise ValueError(f"VQGANConfig: resolution {self.resolution} is not "
+                                                           f"divisible by the downsampling factor {self.factor}")
         for c in {self.ch * m for m in self.ch_mult} | {self.z_channels}:
-            if c % self.norm_groups: raise ValueError(f"VQGANConfig: {c} channels are not divisible by norm_groups={self.norm_groups}")
+            if c % self.norm_groups: raise ValueError(f"VQGANConfig: {c} channels are not divisible by "
+                                                      f"norm_groups={self.norm_groups}")
 
     @property
     def factor(self) -> int: return self.patch * 2 ** (len(self.ch_mult) - 1)
@@ -90,12 +92,18 @@ class BartConfig:
     param_dtype: str = "float32"
 
     def __post_init__(self):
-        if self.d_model % self.heads: raise ValueError(f"BartConfig: d_model={self.d_model} is not divisible by heads={self.heads}")
-        if self.image_vocab < self.image_codes: raise ValueError(f"BartConfig: image_vocab={self.image_vocab} < image_codes={self.image_codes}")
-        if self.ln_type not in LN_TYPES: raise ValueError(f"BartConfig: ln_type must be one of {LN_TYPES}, got {self.ln_type!r}")
-        if self.ln_positions not in LN_POSITIONS: raise ValueError(f"BartConfig: ln_positions must be one of {LN_POSITIONS}, got {self.ln_positions!r}")
+        if self.d_model % self.heads: raise ValueError(f"BartConfig: d_model={self.d_model} is not divisible by "
+                                                       f"heads={self.heads}")
+        if self.image_vocab < self.image_codes: raise ValueError(f"BartConfig: image_vocab={self.image_vocab} < "
+                                                                 f"image_codes={self.image_codes}")
+        if self.ln_type not in LN_TYPES: raise ValueError(f"BartConfig: ln_type must be one of {LN_TYPES}, got "
+                                                          f"{self.ln_type!r}")
+        if self.ln_positions not in LN_POSITIONS: raise ValueError("BartConfig: ln_positions must be one of "
+                                                                   f"{LN_POSITIONS}, got {self.ln_positions!r}")
         if self.remat not in REMATS: raise ValueError(f"BartConfig: remat must be one of {REMATS}, got {self.remat!r}")
-        if self.text_normalizer not in TEXT_NORMALIZERS: raise ValueError(f"BartConfig: text_normalizer must be one of {TEXT_NORMALIZERS}, got {self.text_normalizer!r}")
+        if self.text_normalizer not in TEXT_NORMALIZERS: raise ValueError("BartConfig: text_normalizer must be one "
+                                                                          f"of {TEXT_NORMALIZERS}, got "
+                                                                          f"{self.text_normalizer!r}")
 
 # %% ../nbs/00a_model_configs.ipynb #ca2e322e
 @patch(as_prop=True)
@@ -133,7 +141,8 @@ class CLIPConfig:
     dtype: str = "float32"
 
     def __post_init__(self):
-        if self.image_size % self.patch_size: raise ValueError(f"CLIPConfig: image_size={self.image_size} not divisible by patch_size={self.patch_size}")
+        if self.image_size % self.patch_size: raise ValueError(f"CLIPConfig: image_size={self.image_size} not "
+                                                               f"divisible by patch_size={self.patch_size}")
         for w, h, n in ((self.vision_width, self.vision_heads, "vision"), (self.text_width, self.text_heads, "text")):
             if w % h: raise ValueError(f"CLIPConfig: {n}_width={w} not divisible by {n}_heads={h}")
 
@@ -166,13 +175,23 @@ class DVAEConfig:
     dtype: str = "float32"
 
     def __post_init__(self):
-        if self.recon not in RECON_LOSSES: raise ValueError(f"DVAEConfig: recon must be one of {RECON_LOSSES}, got {self.recon!r}")
-        if self.group_count < 1 or self.n_blk_per_group < 1: raise ValueError("DVAEConfig: group_count >= 1 and n_blk_per_group >= 1 are required")
-        if self.resolution % self.factor: raise ValueError(f"DVAEConfig: resolution {self.resolution} is not divisible by the downsampling factor {self.factor}")
-        if self.n_hid % 4 or self.n_init % 4: raise ValueError(f"DVAEConfig: n_hid={self.n_hid} and n_init={self.n_init} must be multiples of 4 (blocks are n_out/4 wide inside)")
-        if not 0 < self.logit_laplace_eps < 0.5: raise ValueError(f"DVAEConfig: logit_laplace_eps={self.logit_laplace_eps} is not in (0, 0.5)")
-        if not 0 < self.tau_end <= self.tau_start: raise ValueError(f"DVAEConfig: need 0 < tau_end <= tau_start, got {self.tau_end}, {self.tau_start}")
-        if self.kl_weight < 0 or self.usage_weight < 0: raise ValueError(f"DVAEConfig: kl_weight={self.kl_weight} and usage_weight={self.usage_weight} must be >= 0")
+        if self.recon not in RECON_LOSSES: raise ValueError(f"DVAEConfig: recon must be one of {RECON_LOSSES}, got "
+                                                            f"{self.recon!r}")
+        if self.group_count < 1 or self.n_blk_per_group < 1: raise ValueError("DVAEConfig: group_count >= 1 and "
+                                                                              "n_blk_per_group >= 1 are required")
+        if self.resolution % self.factor: raise ValueError(f"DVAEConfig: resolution {self.resolution} is not "
+                                                           f"divisible by the downsampling factor {self.factor}")
+        if self.n_hid % 4 or self.n_init % 4: raise ValueError(f"DVAEConfig: n_hid={self.n_hid} and "
+                                                               f"n_init={self.n_init} must be multiples of 4 (blocks "
+                                                               "are n_out/4 wide inside)")
+        if not 0 < self.logit_laplace_eps < 0.5: raise ValueError("DVAEConfig: "
+                                                                  f"logit_laplace_eps={self.logit_laplace_eps} is not "
+                                                                  "in (0, 0.5)")
+        if not 0 < self.tau_end <= self.tau_start: raise ValueError("DVAEConfig: need 0 < tau_end <= tau_start, got "
+                                                                    f"{self.tau_end}, {self.tau_start}")
+        if self.kl_weight < 0 or self.usage_weight < 0: raise ValueError(f"DVAEConfig: kl_weight={self.kl_weight} and "
+                                                                         f"usage_weight={self.usage_weight} must be "
+                                                                         ">= 0")
 
 # %% ../nbs/00a_model_configs.ipynb #15138523
 @patch(as_prop=True)
@@ -224,13 +243,18 @@ class DalleConfig:
     param_dtype: str = "float32"
 
     def __post_init__(self):
-        if self.d_model % self.heads: raise ValueError(f"DalleConfig: d_model={self.d_model} is not divisible by heads={self.heads}")
-        if self.conv_kernel < 1 or self.conv_kernel % 2 == 0: raise ValueError(f"DalleConfig: conv_kernel must be odd and positive, got {self.conv_kernel}")
-        if not 0 <= self.text_loss_weight <= 1: raise ValueError(f"DalleConfig: text_loss_weight={self.text_loss_weight} is not in [0, 1]")
+        if self.d_model % self.heads: raise ValueError(f"DalleConfig: d_model={self.d_model} is not divisible by "
+                                                       f"heads={self.heads}")
+        if self.conv_kernel < 1 or self.conv_kernel % 2 == 0: raise ValueError("DalleConfig: conv_kernel must be odd "
+                                                                               f"and positive, got {self.conv_kernel}")
+        if not 0 <= self.text_loss_weight <= 1: raise ValueError("DalleConfig: "
+                                                                 f"text_loss_weight={self.text_loss_weight} is not in "
+                                                                 "[0, 1]")
         kinds = self.layer_kinds
         bad = [k for k in kinds if k not in ATTN_KINDS]
         if bad: raise ValueError(f"DalleConfig: unknown attention kind(s) {bad}; choose from {ATTN_KINDS}")
-        if len(kinds) != self.layers: raise ValueError(f"DalleConfig: attn_types lists {len(kinds)} kinds for {self.layers} layers")
+        if len(kinds) != self.layers: raise ValueError(f"DalleConfig: attn_types lists {len(kinds)} kinds for "
+                                                       f"{self.layers} layers")
 
 # %% ../nbs/00a_model_configs.ipynb #f216c8bf
 @patch(as_prop=True)

@@ -68,7 +68,8 @@ def load_clip(directory) -> tuple[CLIP, TextEncoder]:
     except Exception as e:
         if isinstance(e, ConvertError): raise
         raise ConvertError(f"{directory / 'tokenizer.json'}: not a readable tokenizer ({type(e).__name__})") from None
-    if text.vocab_size > cfg.text_vocab: raise ConvertError(f"{directory}: CLIP's tokenizer has {text.vocab_size} tokens but its text embedding {cfg.text_vocab} rows")
+    if text.vocab_size > cfg.text_vocab: raise ConvertError(f"{directory}: CLIP's tokenizer has {text.vocab_size} "
+                                                            f"tokens but its text embedding {cfg.text_vocab} rows")
     return clip, text
 
 # %% ../nbs/09b_published.ipynb #cf58c87f
@@ -99,7 +100,8 @@ def load_min_dalle(directory, vqgan=None, clip=None, heads: int | None = None,
     else:
         detok = next((p for p in (directory / "detoker.pt", directory.parent / "vqgan" / "detoker.pt") if p.exists()),
                      None)
-        if detok is None: raise ConvertError(f"{directory}: no detoker.pt here or in ../vqgan; pass the VQGAN (dalle-mini's Flax VQGAN folder)")
+        if detok is None: raise ConvertError(f"{directory}: no detoker.pt here or in ../vqgan; pass the VQGAN "
+                                             "(dalle-mini's Flax VQGAN folder)")
         vcfg = vqgan_cfg or replace(F16_VQGAN, decoder_only=True)
         vq = build_model(VQGAN, vcfg, vqgan_from_min_dalle(read_torch(detok), vcfg, detok), detok)
     cfg = min_dalle_config(enc, dec, heads=heads, image_codes=vq.cfg.n_embed, source=directory / "encoder.pt")
@@ -136,12 +138,16 @@ def convert(source: str, directory, out, vqgan=None, clip=None, dtype: str = "fl
     "Convert a published set (`source` = 'min-dalle' or 'dalle-mini') into our model directory `out`."
     if source not in SOURCES: raise ConvertError(f"unknown source {source!r}; choose from {', '.join(SOURCES)}")
     if dtype not in ("float32",
-                     "float16", "bfloat16"): raise ConvertError(f"dtype must be float32, float16 or bfloat16, got {dtype!r}")
+                     "float16", "bfloat16"): raise ConvertError("dtype must be float32, float16 or bfloat16, got "
+                                                                f"{dtype!r}")
     if source == "min-dalle": models = load_min_dalle(directory, vqgan=vqgan, clip=clip, heads=heads)
     else:
-        if vqgan is None: raise ConvertError("dalle-mini's layout keeps the VQGAN in its own folder: pass it (vqgan=DIR, --vqgan DIR)")
+        if vqgan is None: raise ConvertError("dalle-mini's layout keeps the VQGAN in its own folder: pass it "
+                                             "(vqgan=DIR, --vqgan DIR)")
         models = load_dalle_mini(directory, vqgan, clip)
-    card = (f"# {models.cfg.name}\n\nConverted by `dalle_nb.convert` on {datetime.date.today()} from the {source} layout:\n\n"
-            f"- BART: `{Path(directory).resolve()}`\n- VQGAN: `{Path(vqgan).resolve() if vqgan else 'detoker.pt (decoder only)'}`\n"
+    card = (f"# {models.cfg.name}\n\nConverted by `dalle_nb.convert` on {datetime.date.today()} from the {source} "
+            "layout:\n\n"
+            f"- BART: `{Path(directory).resolve()}`\n- VQGAN: "
+            f"`{Path(vqgan).resolve() if vqgan else 'detoker.pt (decoder only)'}`\n"
             f"- CLIP: `{Path(clip).resolve() if clip else 'none (no reranking)'}`\n\nParameters stored as {dtype}.\n")
     return save_models(out, models, card=card, dtype=dtype)

@@ -229,7 +229,8 @@ def update(self: _Shampoo, grads, state: ShampooState, params=None):
     plans = self.plans_of(src, state.names)
     gs = [jnp.asarray(g, jnp.float32) for g, _ in _arrays_and_names(grads)]
     xs = [x for x, _ in _arrays_and_names(src)]
-    if len(gs) != len(state.params): raise ValueError(f"distributed_shampoo: {len(gs)} gradients for a state of {len(state.params)} parameters")
+    if len(gs) != len(state.params): raise ValueError(f"distributed_shampoo: {len(gs)} gradients for a state of "
+                                                      f"{len(state.params)} parameters")
     count = state.count
     lr = self.learning_rate(count) if callable(self.learning_rate) else self.learning_rate
     states = []                                                              # 1. statistics
@@ -268,7 +269,8 @@ def distributed_shampoo(learning_rate, block_size: int = 2048, *, b1: float = 0.
     """Distributed Shampoo as an optax transformation (hyper-parameters named as in Google's reference).
     `learning_rate` is a float or a schedule of the step count; the update is `-lr * direction`."""
     if graft not in GRAFTS: raise ValueError(f"distributed_shampoo: graft must be one of {GRAFTS}, got {graft!r}")
-    if preconditioning_compute_steps < 1: raise ValueError("distributed_shampoo: preconditioning_compute_steps must be >= 1")
+    if preconditioning_compute_steps < 1: raise ValueError("distributed_shampoo: preconditioning_compute_steps must "
+                                                           "be >= 1")
     prec, sprec = lax_precision(precision), lax_precision(stats_precision) if stats_precision is not None else None
     layout = (("block_size", block_size), ("merge_max", merge_small_dims_block_size),
               ("skip_dim_gt", skip_preconditioning_dim_size_gt),

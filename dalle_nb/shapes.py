@@ -181,7 +181,8 @@ def detect(image, max_dist: float = 110.0, min_area: int = 20) -> list[Seen]:
     img = np.asarray(image)
     if img.dtype != np.uint8: img = (np.clip(img, 0, 1) * 255).round()
     img = img.astype(np.float32)
-    if img.ndim != 3 or img.shape[-1] != 3: raise ValueError(f"detect: expected an [H, W, 3] image, got shape {img.shape}")
+    if img.ndim != 3 or img.shape[-1] != 3: raise ValueError("detect: expected an [H, W, 3] image, got shape "
+                                                             f"{img.shape}")
     best, ok = _nearest_colour(img, max_dist)
     counts = np.bincount(best[ok], minlength=len(_NAMES))
     found = []
@@ -217,7 +218,8 @@ def parse_caption(caption: str) -> Spec:
     text = " ".join(str(caption).lower().replace(",", " ").replace(".", " ").split())
     m = _CAPTION.match(text)
     if m is None:
-        raise ValueError(f"not a shapes caption: {caption!r} (expected e.g. 'a small red circle' or 'a red circle above a blue square')")
+        raise ValueError(f"not a shapes caption: {caption!r} (expected e.g. 'a small red circle' or 'a red circle "
+                         "above a blue square')")
     s1, c1, h1, lr, ab, s2, c2, h2 = m.groups()
     objs = (Want(c1, h1, s1),) + ((Want(c2, h2, s2),) if c2 else ())
     rel = None if not c2 else ("to the " + lr) if lr else ab

@@ -108,7 +108,9 @@ SPECIAL_TOKENS = ("<s>", "<pad>", "</s>", "<unk>")
 def train_tokenizer(texts, vocab_size: int = 512, min_frequency: int = 2):
     "Train a byte-level BPE (`tokenizers.Tokenizer`) on normalised `texts`, BART's special ids, `<s> … </s>` framing."
     from tokenizers import Tokenizer, models, trainers, pre_tokenizers, decoders, processors
-    if vocab_size < 256 + len(SPECIAL_TOKENS): raise ValueError(f"vocab_size must be at least {256 + len(SPECIAL_TOKENS)} (bytes + specials), got {vocab_size}")
+    if vocab_size < 256 + len(SPECIAL_TOKENS): raise ValueError("vocab_size must be at least "
+                                                                f"{256 + len(SPECIAL_TOKENS)} (bytes + specials), got "
+                                                                f"{vocab_size}")
     tok = Tokenizer(models.BPE(unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=True)
     tok.decoder = decoders.ByteLevel()
@@ -141,7 +143,8 @@ def read_bpe_files(vocab_path, merges_path) -> tuple[dict, list]:
         parts = line.split(" ")
         if len(parts) != 2: raise TokenizerFileError(f"{merges_path}:{n}: expected 'left right', got {line!r}")
         missing = [t for t in (parts[0], parts[1], parts[0] + parts[1]) if t not in vocab]
-        if missing: raise TokenizerFileError(f"{merges_path}:{n}: merge {line!r} uses {missing[0]!r}, which is not in {vocab_path.name}")
+        if missing: raise TokenizerFileError(f"{merges_path}:{n}: merge {line!r} uses {missing[0]!r}, which is not in "
+                                             f"{vocab_path.name}")
         merges.append(tuple(parts))
     return vocab, merges
 
@@ -159,10 +162,12 @@ def bart_tokenizer(vocab_path, merges_path, max_id: int | None = None):
     if max_id is not None:             # the model embeds ids < max_id: only an unused special token may lie beyond
         beyond = sorted(t for t, i in vocab.items() if i >= max_id)
         if set(beyond) - {"<mask>"}:
-            raise TokenizerFileError(f"{vocab_path}: {len(vocab)} tokens, but the model embeds only {max_id} text ids: not this model's vocabulary")
+            raise TokenizerFileError(f"{vocab_path}: {len(vocab)} tokens, but the model embeds only {max_id} text "
+                                     "ids: not this model's vocabulary")
         vocab = {t: i for t, i in vocab.items() if i < max_id}
     if [vocab[t] for t in SPECIAL_TOKENS] != [0, 1, 2, 3]:
-        raise TokenizerFileError(f"{vocab_path}: BART's special ids must be <s>=0 <pad>=1 </s>=2 <unk>=3, got {[vocab[t] for t in SPECIAL_TOKENS]}")
+        raise TokenizerFileError(f"{vocab_path}: BART's special ids must be <s>=0 <pad>=1 </s>=2 <unk>=3, got "
+                                 f"{[vocab[t] for t in SPECIAL_TOKENS]}")
     tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, unk_token="<unk>", fuse_unk=False))
     tok.add_special_tokens([t for t in (*SPECIAL_TOKENS, "<mask>") if t in vocab])
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -215,7 +220,8 @@ def _plain(tok, roles: dict):
 class TextEncoder:
     "Normalise + BPE-encode captions into int32 `[B, max_len]` ids (`<s> … </s>` then `<pad>`)."
     def __init__(self, tokenizer, max_len: int, normalizer: str = "dalle_nb"):
-        if normalizer not in NORMALIZERS: raise ValueError(f"unknown text normalizer {normalizer!r}; choose from {sorted(NORMALIZERS)}")
+        if normalizer not in NORMALIZERS: raise ValueError(f"unknown text normalizer {normalizer!r}; choose from "
+                                                           f"{sorted(NORMALIZERS)}")
         if isinstance(tokenizer, (str, Path)): tokenizer = TextEncoder.load(tokenizer, max_len).tokenizer
         tokenizer = getattr(tokenizer, "backend_tokenizer", tokenizer)    # transformers' fast tokenizers hold one
         if max_len < 2: raise ValueError(f"max_len must be at least 2 (<s> and </s>), got {max_len}")

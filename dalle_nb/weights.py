@@ -33,8 +33,10 @@ def save_params(module, path, dtype=None) -> Path:
     path = Path(path)
     served = {_key(p) + "/kernel": m for p, m in nnx.iter_graph(module) if isinstance(m, Linear) and m.served}
     if any(m.scale is not None or m.kernel.dtype != jnp.float32 for m in served.values()):
-        raise WeightsError(f"{path}: the model is served with {'int8' if any(m.scale is not None for m in served.values()) else 'bfloat16'} "
-                           "weights (Pipeline(quantize=...)), which cannot be saved: save the float32 model it was made from")
+        raise WeightsError(f"{path}: the model is served with "
+                           f"{'int8' if any(m.scale is not None for m in served.values()) else 'bfloat16'} "
+                           "weights (Pipeline(quantize=...)), which cannot be saved: save the float32 model it was "
+                           "made from")
     path.parent.mkdir(parents=True, exist_ok=True)
     flat = {k: np.asarray(jax.device_get(v)) for k, v in _flat_params(module).items()}
     # a float32 served kernel: back to (in, out)
@@ -92,7 +94,8 @@ def read_params(path) -> dict:
         with open(path, "rb") as f: tree = msgpack.Unpacker(f, ext_hook=_array_ext, raw=False,
                                                             max_buffer_size=2**40).unpack()
     except Exception as e: raise WeightsError(f"{path}: not a readable msgpack weights file ({type(e).__name__}: {e})") from None
-    if not isinstance(tree, dict): raise WeightsError(f"{path}: expected a mapping of tensors, found {type(tree).__name__}")
+    if not isinstance(tree, dict): raise WeightsError(f"{path}: expected a mapping of tensors, found "
+                                                      f"{type(tree).__name__}")
     return {_key(k): np.asarray(v) for k, v in traverse_util.flatten_dict(tree).items()}
 
 # %% ../nbs/04a_weights.ipynb #dbd2e5aa

@@ -28,7 +28,8 @@ def _uploaded(upload):
     from PIL import Image, UnidentifiedImageError
     item = upload.value[0] if isinstance(upload.value, (tuple, list)) else next(iter(upload.value.values()))
     try: return np.asarray(Image.open(io.BytesIO(bytes(item["content"]))).convert("RGB"))
-    except (UnidentifiedImageError, OSError): raise ValueError(f"image_prompt cannot be read: {item.get('name', 'the upload')} is not an image") from None
+    except (UnidentifiedImageError, OSError): raise ValueError("image_prompt cannot be read: "
+                                                               f"{item.get('name', 'the upload')} is not an image") from None
 
 # %% ../nbs/10a_widget.ipynb #86d2f6d6
 _LABEL = {"description_width": "140px"}         # wide enough for every control's name: none is cut short
@@ -108,7 +109,8 @@ def _work(ui):
     else:
         _show(ui, r.images,
               [f"#{i} clip {s:.2f}" for i, s in zip(r.indices, r.scores)] if r.scores is not None else [f"#{i}" for i in r.indices])
-        extra = (f", image prompt: top {r.settings['keep_rows']} rows kept" if image is not None else "") + (" (stopped)" if ui.stopping.is_set() else "")
+        extra = (f", image prompt: top {r.settings['keep_rows']} rows kept" if image is not None else "") + (" "
+                                                                                                             "(stopped)" if ui.stopping.is_set() else "")
         ui.status.value, ui.result = f"{len(r.images)} image(s) in {time.perf_counter() - t0:.1f}s{extra}", r
     finally: ui.generate.disabled, ui.stop.disabled = False, True
 
