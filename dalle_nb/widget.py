@@ -50,7 +50,8 @@ def _controls(pipe) -> dict:
         seed=W.IntText(value=0, description="seed", **wide),
         every=W.IntSlider(value=max(1, pipe.image_len // 8), min=1, max=pipe.image_len, description="show every",
                           **wide),
-        upload=W.FileUpload(accept="image/*", multiple=False, description="image prompt"),
+        upload=W.FileUpload(accept="image/*", multiple=False, description="image prompt",
+                           layout=W.Layout(width="180px")),
         keep_rows=W.IntSlider(value=pipe.grid // 2, min=0, max=pipe.grid, description="keep rows", **wide))
 
 # %% ../nbs/10a_widget.ipynb #ebcc5e26
