@@ -203,7 +203,9 @@ class VQGAN(nnx.Module):
 
     def __init__(self, cfg: VQGANConfig, *, rngs: nnx.Rngs):
         if cfg.factored != self.factored:
-            raise ValueError(f"{type(self).__name__}: color_codes={cfg.color_codes} asks for " + ("factored tokens: build dalle_nb.factored.FactoredVQGAN "
+            raise ValueError(f"{type(self).__name__}: color_codes={cfg.color_codes} asks for " + ("factored tokens: "
+                                                                                                  "build "
+                                                                                                  "dalle_nb.factored.FactoredVQGAN "
                              "(make_vqgan picks the class)" if cfg.factored else "one code per patch: build a VQGAN"))
         enc = not cfg.decoder_only
         self.encoder = self._encoder(cfg, rngs) if enc else None
@@ -220,10 +222,12 @@ class VQGAN(nnx.Module):
 def _pixels(self: VQGAN, images):
     "Images as the model's dtype, their shape checked; refused by a decoder-only VQGAN."
     if self.encoder is None:
-        raise ValueError("VQGAN: this VQGAN has only a decoder (min-dalle ships only detoker.pt): it decodes tokens but cannot encode images")
+        raise ValueError("VQGAN: this VQGAN has only a decoder (min-dalle ships only detoker.pt): it decodes tokens "
+                         "but cannot encode images")
     x = jnp.asarray(images, dtype_of(self.cfg.dtype))
     if x.shape[1:] != (self.cfg.resolution, self.cfg.resolution, self.cfg.in_channels):
-        raise ValueError(f"VQGAN: expected images [B, {self.cfg.resolution}, {self.cfg.resolution}, {self.cfg.in_channels}], got {x.shape}")
+        raise ValueError(f"VQGAN: expected images [B, {self.cfg.resolution}, {self.cfg.resolution}, "
+                         f"{self.cfg.in_channels}], got {x.shape}")
     return x
 
 @patch
@@ -247,7 +251,8 @@ def encode(self: VQGAN, images):
 def _ids(self: VQGAN, ids):
     "Token ids as an array, their count per image checked."
     ids = jnp.asarray(ids)
-    if ids.shape[-1] != self.cfg.n_tokens: raise ValueError(f"VQGAN: expected {self.cfg.n_tokens} token ids per image, got {ids.shape[-1]}")
+    if ids.shape[-1] != self.cfg.n_tokens: raise ValueError(f"VQGAN: expected {self.cfg.n_tokens} token ids per "
+                                                            f"image, got {ids.shape[-1]}")
     return ids
 
 @patch
