@@ -49,10 +49,12 @@ def read_torch(path) -> dict:
     path = _exists(path)
     try: import torch
     except ImportError:
-        raise ConvertError(f"{path}: reading PyTorch .pt files needs torch (pip install torch); msgpack and safetensors files need nothing extra") from None
+        raise ConvertError(f"{path}: reading PyTorch .pt files needs torch (pip install torch); msgpack and "
+                           "safetensors files need nothing extra") from None
     try: sd = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:
-        raise ConvertError(f"{path}: not a readable PyTorch weights file ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})") from None
+        raise ConvertError(f"{path}: not a readable PyTorch weights file ({type(e).__name__}: "
+                           f"{str(e).splitlines()[0] if str(e) else ''})") from None
     if isinstance(sd, dict) and isinstance(sd.get("state_dict"), dict): sd = sd["state_dict"]
     if not isinstance(sd, dict) or not all(isinstance(v, torch.Tensor) for v in sd.values()):
         raise ConvertError(f"{path}: expected a state_dict (names → tensors), found {type(sd).__name__}")
@@ -164,7 +166,8 @@ def from_torch_state(sd: dict, want: dict, source, what: str, name=torch_name, o
         # 1×1-conv-shaped linear weights
         if a.ndim == 4 and len(shape) == 2 and a.shape[2:] == (1, 1): a = a[:, :, 0, 0]
         a = from_torch(k, a)
-        if tuple(a.shape) != tuple(shape): problems.append(f"tensor {tk}: file has shape {tuple(sd[tk].shape)}, expected {torch_shape(k, shape)}")
+        if tuple(a.shape) != tuple(shape): problems.append(f"tensor {tk}: file has shape {tuple(sd[tk].shape)}, "
+                                                           f"expected {torch_shape(k, shape)}")
         else: out[k] = a.astype(np.float32)
     problems += [f"unexpected tensor {k} {tuple(v.shape)}" for k, v in sorted(sd.items())
                  if k not in seen and not (ignore is not None and ignore.search(k))]
@@ -208,8 +211,10 @@ def min_dalle_config(encoder_sd: dict, decoder_sd: dict, heads: int | None = Non
     depth = lambda sd: len({k.split(".")[1] for k in sd if k.startswith("layers.")})
     published = {PRESETS[n]().bart.d_model: PRESETS[n]().bart.heads for n in ("mini", "mega")}
     heads = heads or published.get(d_model)
-    if heads is None: raise ConvertError(f"{source}: d_model={d_model} is neither DALL·E Mini's (1024) nor Mega's (2048): "
-                                         "give the number of attention heads (it is not stored in any tensor; --heads N)")
+    if heads is None: raise ConvertError(f"{source}: d_model={d_model} is neither DALL·E Mini's (1024) nor Mega's "
+                                         "(2048): "
+                                         "give the number of attention heads (it is not stored in any tensor; --heads "
+                                         "N)")
     codes = image_codes or min(image_rows - 1, 16384)
     try:
         return BartConfig(text_vocab=text_vocab, image_codes=codes, image_vocab=image_rows - 1, max_text_len=max_text,
@@ -224,7 +229,8 @@ def _vqgan_torch_name(key: str) -> str:
 def vqgan_from_min_dalle(sd: dict, cfg: VQGANConfig = replace(F16_VQGAN, decoder_only=True),
                          source="detoker.pt") -> dict:
     "Our (decoder-only) VQGAN parameters from min-dalle's `detoker.pt` state dict."
-    if not cfg.decoder_only: raise ConvertError(f"{source}: min-dalle ships only the VQGAN's decoder: use a config with decoder_only=True")
+    if not cfg.decoder_only: raise ConvertError(f"{source}: min-dalle ships only the VQGAN's decoder: use a config "
+                                                "with decoder_only=True")
     want = model_shapes(VQGAN, cfg)
     return from_torch_state(sd, want, source, f"a VQGAN decoder ({cfg.n_embed} codes of {cfg.embed_dim}, ch={cfg.ch})",
                             name=_vqgan_torch_name)
@@ -270,7 +276,8 @@ def bart_config_from_dalle_mini(c: dict, source="config.json", image_codes: int 
     for a, b in (("encoder_attention_heads", "decoder_attention_heads"), ("encoder_ffn_dim", "decoder_ffn_dim")):
         if c.get(a, 16) != c.get(b, 16): bad.append(f"{a}={c.get(a)} differs from {b}={c.get(b)}")
     start = c.get("decoder_start_token_id", c.get("image_vocab_size", 16384))
-    if start != image_codes: bad.append(f"decoder_start_token_id={start} (expected the VQGAN's code count, {image_codes})")
+    if start != image_codes: bad.append(f"decoder_start_token_id={start} (expected the VQGAN's code count, "
+                                        f"{image_codes})")
     if bad: raise _problems(source, "a DalleBart variant this package does not compute", bad)
     try:
         return BartConfig(text_vocab=c.get("encoder_vocab_size", 50264), image_codes=image_codes,
@@ -288,7 +295,8 @@ def bart_from_dalle_mini(flat: dict, cfg: BartConfig, source="flax_model.msgpack
     "Our BART parameters (in `cfg`'s layout) from a dalle-mini msgpack's flat dict, scanned or unscanned layers."
     scanned = any("/FlaxBartEncoderLayers/" in k for k in flat)
     if not scanned and not any("/FlaxBartEncoderLayer_0/" in k for k in flat):
-        raise ConvertError(f"{source}: no model/encoder/layers/FlaxBartEncoderLayers (scanned) or FlaxBartEncoderLayer_0 (unscanned): not a DalleBart msgpack")
+        raise ConvertError(f"{source}: no model/encoder/layers/FlaxBartEncoderLayers (scanned) or "
+                           "FlaxBartEncoderLayer_0 (unscanned): not a DalleBart msgpack")
     want = model_shapes(DalleBart, replace(cfg, scan_layers=False))
     n = {"encoder": cfg.encoder_layers, "decoder": cfg.decoder_layers}
     out, problems, seen = {}, [], set()
@@ -306,14 +314,16 @@ def bart_from_dalle_mini(flat: dict, cfg: BartConfig, source="flax_model.msgpack
         out[k] = a[i] if i is not None else a
     problems += [f"unexpected tensor {k} {tuple(v.shape)}" for k, v in sorted(flat.items()) if k not in seen]
     if problems: raise _problems(source,
-                                 f"does not fit the BART of its config (d_model={cfg.d_model}, {cfg.encoder_layers}+{cfg.decoder_layers} layers)", problems)
+                                 f"does not fit the BART of its config (d_model={cfg.d_model}, "
+                                 f"{cfg.encoder_layers}+{cfg.decoder_layers} layers)", problems)
     return _bart_layout(cfg, out)
 
 # %% ../nbs/09a_convert.ipynb #8d9cf4d2
 def bart_to_dalle_mini(bart: DalleBart, scanned: bool = True) -> tuple[dict, dict]:
     "dalle-mini's flat msgpack dict and `config.json` dict of our BART (NormFormer only)."
     cfg = bart.cfg
-    if cfg.ln_positions != "normformer": raise ConvertError(f"dalle-mini's layout is written for NormFormer models only, not ln_positions={cfg.ln_positions!r}")
+    if cfg.ln_positions != "normformer": raise ConvertError("dalle-mini's layout is written for NormFormer models "
+                                                            f"only, not ln_positions={cfg.ln_positions!r}")
     flat = unstack_layers({k: np.asarray(v, np.float32) for k, v in _flat_params(bart).items()})
     force = any(_SCALELESS.search(k) and not np.all(v == 1) for k, v in flat.items())
     out, layers = {}, {}
@@ -352,7 +362,8 @@ def vqgan_config_from_flax(c: dict, source="config.json") -> VQGANConfig:
     "Our `VQGANConfig` of the Flax VQGAN's `config.json` (taming's field names)."
     bad = [f"{k}={c[k]!r}" for k, ok in (("double_z", False), ("resamp_with_conv", True),
                                          ("give_pre_end", False)) if c.get(k, ok) != ok]
-    if c.get("out_ch", 3) != c.get("in_channels", 3): bad.append(f"out_ch={c.get('out_ch')} differs from in_channels={c.get('in_channels')}")
+    if c.get("out_ch", 3) != c.get("in_channels", 3): bad.append(f"out_ch={c.get('out_ch')} differs from "
+                                                                 f"in_channels={c.get('in_channels')}")
     if bad: raise _problems(source, "a VQGAN variant this package does not compute", bad)
     try:
         return VQGANConfig(resolution=c.get("resolution", 256), in_channels=c.get("in_channels", 3),
@@ -399,8 +410,11 @@ def clip_config_from_transformers(c: dict, source="config.json") -> CLIPConfig:
     "Our `CLIPConfig` of transformers' `CLIPConfig` dict (missing fields: OpenAI ViT-B/32's)."
     t, v, base = c.get("text_config") or {}, c.get("vision_config") or {}, CLIP_VIT_B32
     acts = {t.get("hidden_act", base.act), v.get("hidden_act", base.act)}
-    if len(acts) != 1 or acts - {"quick_gelu", "gelu"}: raise ConvertError(f"{source}: activation(s) {sorted(acts)} not supported (quick_gelu or gelu, the same in both towers)")
-    if v.get("num_channels", 3) != 3: raise ConvertError(f"{source}: vision_config.num_channels={v['num_channels']}, expected 3")
+    if len(acts) != 1 or acts - {"quick_gelu", "gelu"}: raise ConvertError(f"{source}: activation(s) {sorted(acts)} "
+                                                                           "not supported (quick_gelu or gelu, the "
+                                                                           "same in both towers)")
+    if v.get("num_channels", 3) != 3: raise ConvertError(f"{source}: vision_config.num_channels={v['num_channels']}, "
+                                                         "expected 3")
     vocab = t.get("vocab_size", base.text_vocab)
     eos = t.get("eos_token_id", base.eos_id)
     if eos == 2: eos = vocab - 1             # legacy configs: transformers takes the largest id, <|endoftext|>
@@ -409,7 +423,8 @@ def clip_config_from_transformers(c: dict, source="config.json") -> CLIPConfig:
                           image_size=v.get("image_size", base.image_size),
                           patch_size=v.get("patch_size", base.patch_size), vision_width=v.get("hidden_size", base.vision_width),
                           vision_layers=v.get("num_hidden_layers",
-                                              base.vision_layers), vision_heads=v.get("num_attention_heads", base.vision_heads),
+                                              base.vision_layers), vision_heads=v.get("num_attention_heads",
+                                                                                      base.vision_heads),
                           vision_mlp=v.get("intermediate_size", base.vision_mlp), text_vocab=vocab,
                           text_len=t.get("max_position_embeddings", base.text_len), text_width=t.get("hidden_size", base.text_width),
                           text_layers=t.get("num_hidden_layers", base.text_layers), text_heads=t.get("num_attention_heads", base.text_heads),

@@ -159,7 +159,8 @@ def _shard_batches(run, model: str, image_len: int):
                                   blank_prob=run.sc.blank_caption_prob)
     first = next(batches); batches.restore({**batches.state(), "step": batches.step - 1})
     if first["image"].shape[1] != image_len:
-        raise TrainSetupError(f"--data {', '.join(map(str, run.shards))}: the shards hold {first['image'].shape[1]} tokens per image, "
+        raise TrainSetupError(f"--data {', '.join(map(str, run.shards))}: the shards hold {first['image'].shape[1]} "
+                              "tokens per image, "
                               f"but {model}.image_len is {image_len}")
     return batches
 
@@ -167,7 +168,8 @@ def token_stage(model: str, cls, loss) -> Stage:
     "The stage of a text → image-token transformer `cls(cfg.<model>)` trained with `loss(m, text_ids, image_ids)`."
     def build(run):
         if run.text is not None and run.text.max_len != run.cfg.text_len:
-            raise TrainSetupError(f"the text encoder pads to {run.text.max_len} tokens, the {run.name} stage's model reads {run.cfg.text_len}")
+            raise TrainSetupError(f"the text encoder pads to {run.text.max_len} tokens, the {run.name} stage's model "
+                                  f"reads {run.cfg.text_len}")
         # never whole on one device
         return sharded_init(lambda: cls(getattr(run.cfg, model), rngs=nnx.Rngs(run.sc.seed)), run.mesh)
     def data(run):
