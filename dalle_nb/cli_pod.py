@@ -29,12 +29,10 @@ def _job_args(p):
     p.add_argument("--preset", default="mega")
     p.add_argument("--stages", default="bart")
     p.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE")
-    p.add_argument("--data", action="append", default=[], metavar="DIR",
-                   help="token shards for the bart stage (repeatable)")
+    p.add_argument("--data", action="append", default=[], metavar="DIR", help="token shards for the bart stage (repeatable)")
     p.add_argument("--mesh", default=None)
     p.add_argument("--optimizer", default=None)
-    p.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
-                   help="environment variable for the training processes")
+    p.add_argument("--env", action="append", default=[], metavar="NAME=VALUE", help="environment variable for the training processes")
 
 # %% ../nbs/11a_cli_pod.ipynb #32d12541
 def _spec(a, **kw) -> PodSpec:
@@ -48,8 +46,7 @@ def _job(a) -> TrainJob:
         k, eq, v = e.partition("=")
         if not eq: raise PodError(f"--env {e!r}: expected NAME=VALUE")
         env.append((k, v))
-    return TrainJob(a.run, a.workdir, preset=a.preset, stages=tuple(s for s in a.stages.split(",") if s),
-                    sets=tuple(a.set),
+    return TrainJob(a.run, a.workdir, preset=a.preset, stages=tuple(s for s in a.stages.split(",") if s), sets=tuple(a.set),
                     data=tuple(a.data), mesh=a.mesh, optimizer=a.optimizer, env=tuple(env))
 
 def _runner(a):
@@ -68,8 +65,7 @@ def _cmd_fit(a) -> int:
     from dalle_nb.config import get_config
     from dalle_nb.fitcheck import fit_check
     cfg = get_config(a.preset, a.set)
-    rep = fit_check(cfg, a.topology, a.mesh, per_replica=a.per_replica, accum=a.accum, remat=a.remat,
-                    scan=not a.no_scan,
+    rep = fit_check(cfg, a.topology, a.mesh, per_replica=a.per_replica, accum=a.accum, remat=a.remat, scan=not a.no_scan,
                     dtype=a.dtype, param_dtype=a.param_dtype, optimizer=a.optimizer, layers=a.layers, hbm_gib=a.hbm_gib)
     print(rep.table())
     if a.json:
@@ -99,13 +95,11 @@ def _cmd(a) -> int:
         pod = TPUPod(PodSpec("list", zone=a.zone, project=a.project), _runner(a))
         for r in pod.list(): print(f"{r['name']:30s} {r['state']:12s} {r['accelerator']}")
         return 0
-    if c == "create": return TPUPod(_spec(a, accelerator=a.accelerator, version=a.version, provisioning=a.provisioning),
-                                    _runner(a)).create().returncode
+    if c == "create": return TPUPod(_spec(a, accelerator=a.accelerator, version=a.version, provisioning=a.provisioning), _runner(a)).create().returncode
     pod = TPUPod(_spec(a), _runner(a))
     if c == "setup": return pod.setup(_wheel(a), a.mount).returncode
     if c == "launch": return _cmd_launch(a, pod)
-    if c == "logs": return pod.logs(a.run, worker=a.worker if a.worker == "all" else int(a.worker), lines=a.lines,
-                                    follow=not a.no_follow).returncode
+    if c == "logs": return pod.logs(a.run, worker=a.worker if a.worker == "all" else int(a.worker), lines=a.lines, follow=not a.no_follow).returncode
     if c == "stop": return pod.stop(a.run).returncode
     if c == "delete": return pod.delete().returncode
     if c == "watch":
@@ -128,17 +122,13 @@ def _wheel_args(p):
     p.add_argument("--wheel", default=None, help="dalle_nb wheel to install (default: build one from this checkout)")
     p.add_argument("--wheel-dir", default="dist", help="where to build the wheel (default dist/)")
 
-# %% ../nbs/11a_cli_pod.ipynb #31795747
 def _add_pod_lifecycle(ps):
     "`pod create|setup|launch|logs|list|stop|delete|watch`."
     p = ps.add_parser("create", help="create a TPU VM pod"); _pod_args(p); _create_args(p)
-    p = ps.add_parser("setup",
-                      help="install this package (and mount GCS buckets) on every worker"); _pod_args(p); _wheel_args(p)
-    p.add_argument("--mount", action="append", default=[], metavar="BUCKET",
-                   help="GCS bucket to mount at /mnt/gcs/BUCKET (repeatable)")
+    p = ps.add_parser("setup", help="install this package (and mount GCS buckets) on every worker"); _pod_args(p); _wheel_args(p)
+    p.add_argument("--mount", action="append", default=[], metavar="BUCKET", help="GCS bucket to mount at /mnt/gcs/BUCKET (repeatable)")
     p = ps.add_parser("launch", help="start `dalle-nb train` on every worker"); _pod_args(p); _job_args(p)
-    p.add_argument("--local", type=int, default=0, metavar="N",
-                   help="instead: N processes on this machine (jax.distributed, CPU devices)")
+    p.add_argument("--local", type=int, default=0, metavar="N", help="instead: N processes on this machine (jax.distributed, CPU devices)")
     p.add_argument("--devices", type=int, default=2, help="--local: fake CPU devices per process")
     p.add_argument("--local-dir", default="runs/local-pod", help="--local: where each process keeps its log")
     p.add_argument("--wait", action="store_true", help="--local: wait for the processes; exit 1 unless all succeed")
@@ -147,11 +137,9 @@ def _add_pod_lifecycle(ps):
     p.add_argument("--run", required=True); p.add_argument("--worker", default="0"); p.add_argument("--lines", type=int, default=100)
     p.add_argument("--no-follow", action="store_true")
     p = ps.add_parser("list", help="list the TPU VMs of a zone"); _pod_args(p, name=False)
-    p = ps.add_parser("stop",
-                      help="stop a run on every worker (the pod stays)"); _pod_args(p); p.add_argument("--run", required=True)
+    p = ps.add_parser("stop", help="stop a run on every worker (the pod stays)"); _pod_args(p); p.add_argument("--run", required=True)
     p = ps.add_parser("delete", help="delete the pod"); _pod_args(p)
-    p = ps.add_parser("watch",
-                      help="keep a run going: recreate + relaunch after preemption"); _pod_args(p); _job_args(p); _create_args(p); _wheel_args(p)
+    p = ps.add_parser("watch", help="keep a run going: recreate + relaunch after preemption"); _pod_args(p); _job_args(p); _create_args(p); _wheel_args(p)
     p.add_argument("--max-restarts", type=int, default=10); p.add_argument("--poll", type=float, default=300)
 
 # %% ../nbs/11a_cli_pod.ipynb #4b17a895
@@ -161,13 +149,11 @@ def _add_pod_fit(ps):
     p = ps.add_parser("fit", help="AOT-compile the train step for a TPU topology; exit 1 if it does not fit in HBM")
     p.add_argument("--preset", default="mega"); p.add_argument("--topology", default="v3:8x16")
     p.add_argument("--mesh", default=None, help="layout (default: the preset's bart_train.mesh)")
-    p.add_argument("--per-replica", type=int, default=None,
-                   help="samples per model replica per accumulation step (default: bart_train.batch_size)")
+    p.add_argument("--per-replica", type=int, default=None, help="samples per model replica per accumulation step (default: bart_train.batch_size)")
     p.add_argument("--accum", type=int, default=None, help="accumulation steps (default: bart_train.grad_accum)")
     p.add_argument("--remat", choices=REMATS, default="full"); p.add_argument("--no-scan", action="store_true")
     p.add_argument("--dtype", default=None); p.add_argument("--param-dtype", default=None); p.add_argument("--optimizer", default=None)
-    p.add_argument("--layers", type=int, default=None,
-                   help="encoder and decoder layers (to learn the cost of a compile)")
+    p.add_argument("--layers", type=int, default=None, help="encoder and decoder layers (to learn the cost of a compile)")
     p.add_argument("--hbm-gib", type=float, default=None); p.add_argument("--set", action="append", default=[])
     p.add_argument("--json", default=None, help="also write the report as JSON here")
 
@@ -184,9 +170,7 @@ def _add_worker_commands(ps):
 # %% ../nbs/11a_cli_pod.ipynb #d5fd27a1
 def add_pod_commands(sub, usage_error=PodError):
     "Add `dalle-nb pod …` to an argparse subparsers object; errors become `usage_error` (the CLI's one-line errors)."
-    pod = sub.add_parser("pod",
-                         help="TPU pod jobs: create, setup, launch, logs, list, stop, delete, watch; fit (AOT memory "
-                              "check)")
+    pod = sub.add_parser("pod", help="TPU pod jobs: create, setup, launch, logs, list, stop, delete, watch; fit (AOT memory check)")
     ps = pod.add_subparsers(dest="pod_command", required=True)
     _add_pod_lifecycle(ps); _add_pod_fit(ps); _add_worker_commands(ps)
     def run(a):
