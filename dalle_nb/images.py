@@ -51,8 +51,7 @@ def show_images(images, titles=None, ncols: int | None = None, scale: float = 1.
     n = len(images)
     ncols = ncols or min(n, 8)
     nrows = math.ceil(n / ncols)
-    fig, axes = plt.subplots(nrows, ncols, figsize=(scale * ncols, scale * nrows + (0.35 if titles else 0) * nrows),
-                             squeeze=False)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(scale * ncols, scale * nrows + (0.35 if titles else 0) * nrows), squeeze=False)
     for i, ax in enumerate(axes.flat):
         ax.axis("off")
         if i < n:
