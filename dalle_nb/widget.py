@@ -28,48 +28,34 @@ def _uploaded(upload):
     from PIL import Image, UnidentifiedImageError
     item = upload.value[0] if isinstance(upload.value, (tuple, list)) else next(iter(upload.value.values()))
     try: return np.asarray(Image.open(io.BytesIO(bytes(item["content"]))).convert("RGB"))
-    except (UnidentifiedImageError, OSError): raise ValueError("image_prompt cannot be read: "
-                                                               f"{item.get('name', 'the upload')} is not an image") from None
+    except (UnidentifiedImageError, OSError): raise ValueError(f"image_prompt cannot be read: {item.get('name', 'the upload')} is not an image") from None
 
 # %% ../nbs/10a_widget.ipynb #86d2f6d6
-_LABEL = {"description_width": "140px"}         # wide enough for every control's name: none is cut short
-
-def _controls(pipe) -> dict:
-    "The panel's inputs by name, holding the `Pipeline`'s sampling defaults."
-    import ipywidgets as W
-    S, codes, wide = pipe.cfg.sample, pipe.cfg.model_cfg.image_codes, dict(style=_LABEL, layout=W.Layout(width="400px"))
-    return dict(
-        prompt=W.Text(value="a large red circle", description="prompt", style=_LABEL, layout=W.Layout(width="800px")),
-        scale=W.FloatSlider(value=S.cond_scale, min=1.0, max=10.0, step=0.5, description="cond scale", **wide),
-        top_k=W.IntSlider(value=S.top_k, min=0, max=codes, step=8, description="top-k (0 = off)", **wide),
-        temperature=W.FloatSlider(value=S.temperature, min=0.1, max=2.0, step=0.05, description="temperature", **wide),
-        plausibility=W.FloatSlider(value=S.plausibility, min=0.0, max=0.5, step=0.01, description="plausibility",
-                                   **wide),
-        n=W.IntSlider(value=S.n_candidates, min=1, max=32, description="candidates", **wide),
-        keep=W.IntSlider(value=min(S.rerank, S.n_candidates), min=0, max=32, description="keep best (0 = all)", **wide),
-        seed=W.IntText(value=0, description="seed", **wide),
-        every=W.IntSlider(value=max(1, pipe.image_len // 8), min=1, max=pipe.image_len, description="show every",
-                          **wide),
-        upload=W.FileUpload(accept="image/*", multiple=False, description="image prompt",
-                           layout=W.Layout(width="180px")),
-        keep_rows=W.IntSlider(value=pipe.grid // 2, min=0, max=pipe.grid, description="keep rows", **wide))
-
-# %% ../nbs/10a_widget.ipynb #ebcc5e26
 def panel(pipe):
-    "An ipywidgets panel for the `Pipeline` `pipe`: prompt, sliders, Generate / Stop, progress, a grid that fills."
+    "An ipywidgets panel for the `Pipeline` `pipe`: prompt, sliders, Generate / Stop, progress, a grid that fills as tokens are drawn."
     import threading, ipywidgets as W
+    S = pipe.cfg.sample
     ui = W.VBox()
-    for name, w in _controls(pipe).items(): setattr(ui, name, w)
+    ui.prompt = W.Text(value="a large red circle", description="prompt", layout=W.Layout(width="480px"))
+    ui.scale = W.FloatSlider(value=S.cond_scale, min=1.0, max=10.0, step=0.5, description="cond scale")
+    ui.top_k = W.IntSlider(value=S.top_k, min=0, max=pipe.cfg.model_cfg.image_codes, step=8, description="top-k (0=off)")
+    ui.temperature = W.FloatSlider(value=S.temperature, min=0.1, max=2.0, step=0.05, description="temperature")
+    ui.plausibility = W.FloatSlider(value=S.plausibility, min=0.0, max=0.5, step=0.01, description="plausibility")
+    ui.n = W.IntSlider(value=S.n_candidates, min=1, max=32, description="candidates")
+    ui.keep = W.IntSlider(value=min(S.rerank, S.n_candidates), min=0, max=32, description="keep best (0=all)")
+    ui.seed = W.IntText(value=0, description="seed")
+    ui.every = W.IntSlider(value=max(1, pipe.image_len // 8), min=1, max=pipe.image_len, description="show every")
+    ui.upload = W.FileUpload(accept="image/*", multiple=False, description="image prompt")
+    ui.keep_rows = W.IntSlider(value=pipe.grid // 2, min=0, max=pipe.grid, description="keep rows")
     ui.clear = W.Button(description="no image prompt")
-    ui.generate = W.Button(description="Generate", button_style="primary")
-    ui.stop = W.Button(description="Stop", disabled=True)
+    ui.generate, ui.stop = W.Button(description="Generate", button_style="primary"), W.Button(description="Stop", disabled=True)
     ui.progress, ui.status = W.IntProgress(value=0, min=0, max=1, description="tokens"), W.Label()
     ui.grid = W.GridBox(layout=W.Layout(grid_template_columns="repeat(4, 136px)", grid_gap="4px"))
-    for c in ("prompt", "generate", "stop", "upload",
-              "progress", "status", "grid"): getattr(ui, c).add_class(f"dalle-{c}")
-    ui.children = [ui.prompt, W.HBox([ui.scale, ui.top_k]), W.HBox([ui.temperature, ui.plausibility]),
-                   W.HBox([ui.n, ui.keep]), W.HBox([ui.seed, ui.every]), W.HBox([ui.upload, ui.keep_rows, ui.clear]),
-                   W.HBox([ui.generate, ui.stop, ui.progress]), ui.status, ui.grid]
+    for w, c in ((ui.prompt, "prompt"), (ui.generate, "generate"), (ui.stop, "stop"), (ui.upload, "upload"), (ui.progress, "progress"),
+                 (ui.status, "status"), (ui.grid, "grid")): w.add_class(f"dalle-{c}")
+    ui.children = [ui.prompt, W.HBox([ui.scale, ui.top_k]), W.HBox([ui.temperature, ui.plausibility]), W.HBox([ui.n, ui.keep]),
+                   W.HBox([ui.seed, ui.every]), W.HBox([ui.upload, ui.keep_rows, ui.clear]), W.HBox([ui.generate, ui.stop, ui.progress]),
+                   ui.status, ui.grid]
     ui.pipe, ui.image, ui.result, ui.thread, ui.stopping = pipe, None, None, None, threading.Event()
     _wire(ui)
     return ui
@@ -101,17 +87,14 @@ def _work(ui):
     try:
         image = _uploaded(ui.upload) if ui.upload.value else ui.image
         ui.progress.max, ui.progress.value = ui.n.value * pipe.image_len, 0
-        r = pipe(ui.prompt.value, n=ui.n.value, rerank=min(ui.keep.value, ui.n.value), cond_scale=ui.scale.value,
-                 seed=ui.seed.value,
+        r = pipe(ui.prompt.value, n=ui.n.value, rerank=min(ui.keep.value, ui.n.value), cond_scale=ui.scale.value, seed=ui.seed.value,
                  temperature=ui.temperature.value, top_k=ui.top_k.value, plausibility=ui.plausibility.value, image_prompt=image,
                  keep_rows=ui.keep_rows.value if image is not None else None, every=ui.every.value, callback=partial(_on_step, ui))
     except ValueError as e:                                    # SettingError, PromptError: the user's to fix
         ui.status.value, ui.result = f"⚠ {e}", None
     else:
-        _show(ui, r.images,
-              [f"#{i} clip {s:.2f}" for i, s in zip(r.indices, r.scores)] if r.scores is not None else [f"#{i}" for i in r.indices])
-        extra = (f", image prompt: top {r.settings['keep_rows']} rows kept" if image is not None else "") + (" "
-                                                                                                             "(stopped)" if ui.stopping.is_set() else "")
+        _show(ui, r.images, [f"#{i} clip {s:.2f}" for i, s in zip(r.indices, r.scores)] if r.scores is not None else [f"#{i}" for i in r.indices])
+        extra = (f", image prompt: top {r.settings['keep_rows']} rows kept" if image is not None else "") + (" (stopped)" if ui.stopping.is_set() else "")
         ui.status.value, ui.result = f"{len(r.images)} image(s) in {time.perf_counter() - t0:.1f}s{extra}", r
     finally: ui.generate.disabled, ui.stop.disabled = False, True
 
@@ -130,9 +113,23 @@ def _forget(ui, _=None):
     ui.upload.value = () if isinstance(ui.upload.value, tuple) else ui.upload.value.__class__()
     ui.image = None
 
+def _legible(ui, label: str = "140px"):
+    "Every control's name shown whole and aligned: a `label`-wide name column (ipywidgets' default cuts names short)."
+    import ipywidgets as W
+    todo = list(ui.children)
+    while todo:
+        w = todo.pop()
+        if isinstance(w, W.Box): todo += list(w.children); continue
+        if not hasattr(w.style, "description_width") or not w.description: continue      # buttons, labels
+        w.style.description_width = label
+        if isinstance(w, (W.Text, W.IntText)): w.layout.width = "800px" if isinstance(w, W.Text) else "400px"
+        elif isinstance(w, (W.IntSlider, W.FloatSlider)): w.layout.width = "400px"
+    ui.upload.layout.width = "180px"                                                     # "image prompt (0)"
+
 def _wire(ui):
     "The panel's behaviour: `ui.run(wait=True)` generates (in a thread when clicked), Stop, the image prompt buttons."
     from functools import partial
+    _legible(ui)
     ui.run, ui.forget = partial(_run, ui), partial(_forget, ui)
     ui.set_image_prompt = lambda image: setattr(ui, "image", image)          # from code, instead of uploading
     ui.generate.on_click(ui.run); ui.stop.on_click(lambda _: ui.stopping.set()); ui.clear.on_click(ui.forget)
