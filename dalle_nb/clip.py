@@ -42,9 +42,12 @@ class CLIPAttention(nnx.Module):
 class CLIPMLP(nnx.Module):
     "`fc2(act(fc1(x)))` with biases."
     def __init__(self, width: int, hidden: int, act: str, dtype="float32", depth: int = 1, *, rngs: nnx.Rngs):
-        if act not in ACTIVATIONS: raise ValueError(f"CLIP: unknown activation {act!r}; choose from {sorted(ACTIVATIONS)}")
-        self.fc1 = Linear(width, hidden, axes=("embed", "mlp"), use_bias=True, std=(2 * width) ** -0.5, dtype=dtype, rngs=rngs)
-        self.fc2 = Linear(hidden, width, axes=("mlp", "embed"), use_bias=True, std=width ** -0.5 * (2 * depth) ** -0.5, dtype=dtype, rngs=rngs)
+        if act not in ACTIVATIONS: raise ValueError(f"CLIP: unknown activation {act!r}; choose from "
+                                                    f"{sorted(ACTIVATIONS)}")
+        self.fc1 = Linear(width, hidden, axes=("embed", "mlp"), use_bias=True, std=(2 * width) ** -0.5, dtype=dtype,
+                          rngs=rngs)
+        self.fc2 = Linear(hidden, width, axes=("mlp", "embed"), use_bias=True, std=width ** -0.5 * (2 * depth) ** -0.5,
+                          dtype=dtype, rngs=rngs)
         self.act = ACTIVATIONS[act]
     def __call__(self, x): return self.fc2(self.act(self.fc1(x)))
 
@@ -86,7 +89,8 @@ class VisionEmbeddings(nnx.Module):
     def __init__(self, cfg: CLIPConfig, *, rngs: nnx.Rngs):
         w = cfg.vision_width
         self.class_embedding = param(rngs, nnx.initializers.normal(w ** -0.5), (w,), ("embed",))
-        self.patch_embedding = Conv(3, w, cfg.patch_size, stride=cfg.patch_size, padding="VALID", use_bias=False, std=0.02, dtype=cfg.dtype, rngs=rngs)
+        self.patch_embedding = Conv(3, w, cfg.patch_size, stride=cfg.patch_size, padding="VALID", use_bias=False,
+                                    std=0.02, dtype=cfg.dtype, rngs=rngs)
         self.position_embedding = Embed(cfg.n_patches + 1, w, axes=(None, "embed"), dtype=cfg.dtype, rngs=rngs)
     def __call__(self, x):
         p = self.patch_embedding(x)
@@ -99,7 +103,8 @@ class VisionTransformer(nnx.Module):
     def __init__(self, cfg: CLIPConfig, *, rngs: nnx.Rngs):
         self.embeddings = VisionEmbeddings(cfg, rngs=rngs)
         self.pre_layrnorm = Norm(cfg.vision_width, eps=cfg.ln_eps, dtype=cfg.dtype, rngs=rngs)
-        self.encoder = CLIPEncoder(cfg.vision_layers, cfg.vision_width, cfg.vision_heads, cfg.vision_mlp, cfg, rngs=rngs)
+        self.encoder = CLIPEncoder(cfg.vision_layers, cfg.vision_width, cfg.vision_heads, cfg.vision_mlp, cfg,
+                                   rngs=rngs)
         self.post_layernorm = Norm(cfg.vision_width, eps=cfg.ln_eps, dtype=cfg.dtype, rngs=rngs)
         self.size = cfg.image_size
     def __call__(self, images):
@@ -111,7 +116,8 @@ class TextEmbeddings(nnx.Module):
     "Token + learned position embeddings."
     def __init__(self, cfg: CLIPConfig, *, rngs: nnx.Rngs):
         self.token_embedding = Embed(cfg.text_vocab, cfg.text_width, dtype=cfg.dtype, rngs=rngs)
-        self.position_embedding = Embed(cfg.text_len, cfg.text_width, axes=(None, "embed"), std=0.01, dtype=cfg.dtype, rngs=rngs)
+        self.position_embedding = Embed(cfg.text_len, cfg.text_width, axes=(None, "embed"), std=0.01, dtype=cfg.dtype,
+                                        rngs=rngs)
     def __call__(self, ids): return self.token_embedding(ids) + self.position_embedding(jnp.arange(ids.shape[1]))[None]
 
 def eos_positions(ids, eos_id: int) -> jax.Array:
@@ -132,7 +138,8 @@ class TextTransformer(nnx.Module):
         "Every position's final state `[B, L, text_width]` (causal: position t reads ids[:, :t+1] only)."
         ids = jnp.asarray(ids)
         if ids.ndim != 2 or not 1 <= ids.shape[1] <= self.text_len or not jnp.issubdtype(ids.dtype, jnp.integer):
-            raise ValueError(f"CLIP: expected integer text ids [B, L] with 1 <= L <= text_len={self.text_len}, got {ids.dtype} {ids.shape}")
+            raise ValueError(f"CLIP: expected integer text ids [B, L] with 1 <= L <= text_len={self.text_len}, got "
+                             f"{ids.dtype} {ids.shape}")
         T = ids.shape[1]
         return self.final_layer_norm(self.encoder(self.embeddings(ids), jnp.tril(jnp.ones((T, T), bool))))
 
@@ -146,8 +153,10 @@ class CLIP(nnx.Module):
     "CLIP: normalised image and text embeddings in a shared space, logits = exp(logit_scale) · cosine."
     def __init__(self, cfg: CLIPConfig, *, rngs: nnx.Rngs):
         self.vision_model, self.text_model = VisionTransformer(cfg, rngs=rngs), TextTransformer(cfg, rngs=rngs)
-        self.visual_projection = Linear(cfg.vision_width, cfg.embed_dim, axes=("embed", None), std=cfg.vision_width ** -0.5, dtype=cfg.dtype, rngs=rngs)
-        self.text_projection = Linear(cfg.text_width, cfg.embed_dim, axes=("embed", None), std=cfg.text_width ** -0.5, dtype=cfg.dtype, rngs=rngs)
+        self.visual_projection = Linear(cfg.vision_width, cfg.embed_dim, axes=("embed", None),
+                                        std=cfg.vision_width ** -0.5, dtype=cfg.dtype, rngs=rngs)
+        self.text_projection = Linear(cfg.text_width, cfg.embed_dim, axes=("embed", None), std=cfg.text_width ** -0.5,
+                                      dtype=cfg.dtype, rngs=rngs)
         self.logit_scale = nnx.Param(jnp.asarray(cfg.logit_scale_init, jnp.float32))
         self.cfg = cfg
 
@@ -181,7 +190,8 @@ def clip_loss(model: CLIP, images, ids, neg_ids=None):
     li = optax.softmax_cross_entropy_with_integer_labels(per_image, labels).mean()
     lt = optax.softmax_cross_entropy_with_integer_labels(per_image[:, :B].T, labels).mean()
     loss = (li + lt) / 2
-    metrics = {"loss": loss, "i2t_acc": (per_image.argmax(1) == labels).mean(), "t2i_acc": (per_image[:, :B].argmax(0) == labels).mean(),
+    metrics = {"loss": loss, "i2t_acc": (per_image.argmax(1) == labels).mean(),
+               "t2i_acc": (per_image[:, :B].argmax(0) == labels).mean(),
                "scale": model.scale()}
     if neg_ids is not None and len(neg_ids) >= B:
         metrics["hard_acc"] = (jnp.diag(per_image[:, :B]) > jnp.diag(per_image[:, B:2 * B])).mean()
@@ -190,7 +200,8 @@ def clip_loss(model: CLIP, images, ids, neg_ids=None):
 # %% ../nbs/08_clip.ipynb #0dcc0493
 def clip_scores(model: CLIP, images, ids) -> jax.Array:
     "Cosine similarity `[N]` of each of `N` images with the caption `ids` (`[1, L]`, or `[N, L]`: one per image)."
-    if len(ids) not in (1, len(images)): raise ValueError(f"clip_scores: {len(images)} images need 1 or {len(images)} captions, got {len(ids)}")
+    if len(ids) not in (1, len(images)): raise ValueError(f"clip_scores: {len(images)} images need 1 or {len(images)} "
+                                                          f"captions, got {len(ids)}")
     return (model.encode_image(images) * model.encode_text(ids)).sum(-1)
 
 def _prompt_scores(model: CLIP, images, ids) -> jax.Array:
@@ -205,7 +216,8 @@ def rerank(model: CLIP, images, ids, k: int | None = None):
     "Indices of `images` sorted by CLIP score for one caption (`[L]` or `[1, L]`), best first (the top `k`), and their scores."
     ids = jnp.asarray(ids)
     if ids.ndim == 1: ids = ids[None]
-    if ids.ndim != 2 or ids.shape[0] != 1: raise ValueError(f"rerank: one caption [L] or [1, L] expected, got {ids.shape}; use batch_rerank for several")
+    if ids.ndim != 2 or ids.shape[0] != 1: raise ValueError("rerank: one caption [L] or [1, L] expected, got "
+                                                            f"{ids.shape}; use batch_rerank for several")
     s = np.asarray(_jit_scores(model, images, ids))
     order = np.argsort(-s, kind="stable")[:k]
     return order, s[order]
@@ -213,7 +225,8 @@ def rerank(model: CLIP, images, ids, k: int | None = None):
 def batch_rerank(model: CLIP, images, ids, k: int | None = None):
     "For `P` prompts with `N` candidates each (`images [P, N, H, W, 3]`, `ids [P, L]`): indices `[P, k]` and scores, best first."
     if np.ndim(images) != 5 or len(ids) != len(images):
-        raise ValueError(f"batch_rerank: images [P, N, H, W, 3] and ids [P, L] expected, got {np.shape(images)} and {np.shape(ids)}")
+        raise ValueError(f"batch_rerank: images [P, N, H, W, 3] and ids [P, L] expected, got {np.shape(images)} and "
+                         f"{np.shape(ids)}")
     s = np.asarray(_jit_prompt_scores(model, jnp.asarray(images), jnp.asarray(ids)))
     order = np.argsort(-s, axis=1, kind="stable")[:, :k]
     return order, np.take_along_axis(s, order, 1)
@@ -223,5 +236,6 @@ def clip_param_count(cfg: CLIPConfig) -> dict:
     "Parameters of the vision side, the text side and the total (abstract model, no memory)."
     m = abstract_module(lambda: CLIP(cfg, rngs=nnx.Rngs(0)))
     count = count_params
-    return {"vision": count(m.vision_model) + count(m.visual_projection), "text": count(m.text_model) + count(m.text_projection),
+    return {"vision": count(m.vision_model) + count(m.visual_projection),
+            "text": count(m.text_model) + count(m.text_projection),
             "total": count(m)}

@@ -10,7 +10,8 @@ import dataclasses, json, re
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from fastcore.basics import patch
-from .model_configs import (LN_TYPES, LN_POSITIONS, TEXT_NORMALIZERS, RECON_LOSSES, ATTN_KINDS, VQGANConfig, BartConfig,
+from .model_configs import (LN_TYPES, LN_POSITIONS, TEXT_NORMALIZERS, RECON_LOSSES, ATTN_KINDS, VQGANConfig,
+                                    BartConfig,
                                     CLIPConfig, DVAEConfig, DalleConfig, F16_VQGAN, CLIP_VIT_B32, PAPER_DVAE)   # 00a: one config per model
 
 # %% auto #0
@@ -23,10 +24,12 @@ def parse_mesh(spec: str) -> dict:
     sizes = {}
     for part in (p.strip() for p in (spec or "").split(",") if p.strip()):
         m = re.fullmatch(r"(dp|fsdp|mp)\s*=\s*(-1|\d+)", part)
-        if m is None: raise ValueError(f"mesh {spec!r}: expected comma-separated dp=N, fsdp=N, mp=N (N a size or -1), got {part!r}")
+        if m is None: raise ValueError(f"mesh {spec!r}: expected comma-separated dp=N, fsdp=N, mp=N (N a size or -1), "
+                                       f"got {part!r}")
         if m[1] in sizes: raise ValueError(f"mesh {spec!r}: {m[1]} given twice")
         sizes[m[1]] = int(m[2])
-    out = {"dp": sizes.get("dp", 1 if -1 in sizes.values() else -1), "fsdp": sizes.get("fsdp", 1), "mp": sizes.get("mp", 1)}
+    out = {"dp": sizes.get("dp", 1 if -1 in sizes.values() else -1), "fsdp": sizes.get("fsdp", 1),
+           "mp": sizes.get("mp", 1)}
     if list(out.values()).count(-1) > 1: raise ValueError(f"mesh {spec!r}: at most one axis may be -1")
     return out
 
@@ -72,26 +75,39 @@ class StageConfig:
     shampoo_skip_gt: int = 4096       # axes longer than this (embeddings) are not preconditioned
     # the DALL·E paper's techniques (see dalle_nb.powersgd, dalle_nb.gradscale)
     powersgd_rank: int = 0            # > 0: PowerSGD-compress the data-parallel (dp) gradient all-reduce to this rank
-    loss_scale: float = 1.0           # loss multiplied by this before differentiating, gradients divided back (float16 training)
-    block_grad_scale: bool = False    # per-resblock gradient scales (a model whose loss takes residual=: the dalle arch)
+    # loss multiplied by this before differentiating, gradients divided back (float16 training)
+    loss_scale: float = 1.0
+    # per-resblock gradient scales (a model whose loss takes residual=: the dalle arch)
+    block_grad_scale: bool = False
 
     def __post_init__(self): _check_stage(self)
 
 # %% ../nbs/00_config.ipynb #9ec23cca
 def _check_stage(s: StageConfig):
     "Raise `ValueError` for a stage setting outside its range."
-    if s.optimizer not in ("adam", "adafactor", "shampoo"): raise ValueError(f"StageConfig: unknown optimizer {s.optimizer!r}; choose from adam, adafactor, shampoo")
+    if s.optimizer not in ("adam",
+                           "adafactor", "shampoo"): raise ValueError("StageConfig: unknown optimizer "
+                                                                     f"{s.optimizer!r}; choose from adam, adafactor, "
+                                                                     "shampoo")
     if s.shampoo_graft not in ("sgd", "adagrad", "adagrad_normalized", "rmsprop", "rmsprop_normalized"):
-        raise ValueError(f"StageConfig: shampoo_graft must be sgd, adagrad, adagrad_normalized, rmsprop or rmsprop_normalized, got {s.shampoo_graft!r}")
-    if s.shampoo_every < 1 or s.shampoo_block < 1: raise ValueError("StageConfig: shampoo_every >= 1 and shampoo_block >= 1 are required")
-    if s.decay not in ("cosine", "constant"): raise ValueError(f"StageConfig: decay must be 'cosine' or 'constant', got {s.decay!r}")
-    if not 0 <= s.blank_caption_prob <= 1: raise ValueError(f"StageConfig: blank_caption_prob={s.blank_caption_prob} is not in [0, 1]")
-    if s.powersgd_rank < 0 or not s.loss_scale > 0: raise ValueError(f"StageConfig: powersgd_rank >= 0 and loss_scale > 0 are required, got {s.powersgd_rank} and {s.loss_scale}")
-    if s.steps < 0 or s.batch_size < 1 or s.grad_accum < 1: raise ValueError("StageConfig: steps >= 0, batch_size >= 1 and grad_accum >= 1 are required")
+        raise ValueError("StageConfig: shampoo_graft must be sgd, adagrad, adagrad_normalized, rmsprop or "
+                         f"rmsprop_normalized, got {s.shampoo_graft!r}")
+    if s.shampoo_every < 1 or s.shampoo_block < 1: raise ValueError("StageConfig: shampoo_every >= 1 and "
+                                                                    "shampoo_block >= 1 are required")
+    if s.decay not in ("cosine", "constant"): raise ValueError("StageConfig: decay must be 'cosine' or 'constant', "
+                                                               f"got {s.decay!r}")
+    if not 0 <= s.blank_caption_prob <= 1: raise ValueError(f"StageConfig: blank_caption_prob={s.blank_caption_prob} "
+                                                            "is not in [0, 1]")
+    if s.powersgd_rank < 0 or not s.loss_scale > 0: raise ValueError("StageConfig: powersgd_rank >= 0 and loss_scale "
+                                                                     f"> 0 are required, got {s.powersgd_rank} and "
+                                                                     f"{s.loss_scale}")
+    if s.steps < 0 or s.batch_size < 1 or s.grad_accum < 1: raise ValueError("StageConfig: steps >= 0, batch_size >= "
+                                                                             "1 and grad_accum >= 1 are required")
     if list(s.extended_from) != sorted(set(s.extended_from)) or any(not 0 < n < s.steps for n in s.extended_from):
         raise ValueError(f"StageConfig: extended_from={s.extended_from} must rise, each between 0 and steps={s.steps}")
     try: parse_mesh(s.mesh)
-    except ValueError: raise ValueError(f"StageConfig: mesh must look like 'dp=32,mp=8' (axes dp, fsdp, mp; sizes or -1), got {s.mesh!r}") from None
+    except ValueError: raise ValueError("StageConfig: mesh must look like 'dp=32,mp=8' (axes dp, fsdp, mp; sizes or "
+                                        f"-1), got {s.mesh!r}") from None
 
 # %% ../nbs/00_config.ipynb #4b4729fe
 @dataclass(frozen=True)
@@ -106,7 +122,8 @@ class SampleConfig:
     plausibility: float = 0.0         # keep only ids with p_cond >= plausibility * max p_cond; 0 = off (DALL·E Mega)
 
     def __post_init__(self):
-        if not 0 <= self.plausibility <= 1: raise ValueError(f"SampleConfig: plausibility={self.plausibility} is not in [0, 1]")
+        if not 0 <= self.plausibility <= 1: raise ValueError(f"SampleConfig: plausibility={self.plausibility} is not "
+                                                             "in [0, 1]")
 
 # %% ../nbs/00_config.ipynb #7917b8af
 ARCHS = ("bart", "dalle")
@@ -121,11 +138,13 @@ class RunConfig:
     clip: CLIPConfig = field(default_factory=CLIPConfig)
     data: DataConfig = field(default_factory=DataConfig)
     vqgan_train: StageConfig = field(default_factory=StageConfig)
-    decoder_train: StageConfig = field(default_factory=lambda: StageConfig(steps=0))   # VQGAN decoder fine-tune; 0 = skip
+    # VQGAN decoder fine-tune; 0 = skip
+    decoder_train: StageConfig = field(default_factory=lambda: StageConfig(steps=0))
     bart_train: StageConfig = field(default_factory=StageConfig)
     clip_train: StageConfig = field(default_factory=StageConfig)
     sample: SampleConfig = field(default_factory=SampleConfig)
-    arch: str = "bart"                # the text → image-token transformer: bart (DALL·E Mega) | dalle (the DALL·E paper)
+    # the text → image-token transformer: bart (DALL·E Mega) | dalle (the DALL·E paper)
+    arch: str = "bart"
     image_tokenizer: str = "vqgan"    # vqgan | dvae
     dvae: DVAEConfig = field(default_factory=DVAEConfig)
     dalle: DalleConfig = field(default_factory=DalleConfig)
@@ -134,7 +153,9 @@ class RunConfig:
 
     def __post_init__(self):
         if self.arch not in ARCHS: raise ValueError(f"RunConfig: arch must be one of {ARCHS}, got {self.arch!r}")
-        if self.image_tokenizer not in IMAGE_TOKENIZERS: raise ValueError(f"RunConfig: image_tokenizer must be one of {IMAGE_TOKENIZERS}, got {self.image_tokenizer!r}")
+        if self.image_tokenizer not in IMAGE_TOKENIZERS: raise ValueError("RunConfig: image_tokenizer must be one of "
+                                                                          f"{IMAGE_TOKENIZERS}, got "
+                                                                          f"{self.image_tokenizer!r}")
         tok = self.vqgan if self.image_tokenizer == "vqgan" else self.dvae
         name, codes = ("the VQGAN", "n_embed") if self.image_tokenizer == "vqgan" else ("the dVAE", "vocab_size")
         model, (n_codes, n_len) = (("bart", (self.bart.image_codes, self.bart.image_len)) if self.arch == "bart" else
@@ -213,7 +234,8 @@ def override(cfg: RunConfig, assignments=()) -> RunConfig:
         if len(path) > 1: raise ValueError(f"override {a!r}: at most one '.' (section.field)")
         target = getattr(cfg, path[0], None) if path else cfg
         if not dataclasses.is_dataclass(target): raise ValueError(f"override {a!r}: {path[0]!r} is not a config section")
-        if last not in {f.name for f in fields(target)}: raise ValueError(f"override {a!r}: {type(target).__name__} has no field {last!r}")
+        if last not in {f.name for f in fields(target)}: raise ValueError(f"override {a!r}: {type(target).__name__} "
+                                                                          f"has no field {last!r}")
         try: changes.setdefault(path[0] if path else "", {})[last] = _parse_like(getattr(target, last), text.strip())
         except ValueError as e: raise ValueError(f"override {a!r}: {e}") from None
     top = changes.pop("", {})
@@ -258,17 +280,24 @@ def _tiny():
                         glu_dim=256, scan_layers=False),
         clip=CLIPConfig(vision_layers=2, text_layers=2),
         data=DataConfig(n_train=40_000),
-        vqgan_train=StageConfig(steps=1500, batch_size=32, lr=2e-3, warmup_steps=100, log_every=50, eval_every=250, ckpt_every=500),
-        decoder_train=StageConfig(steps=1000, batch_size=32, lr=5e-4, warmup_steps=50, log_every=50, eval_every=250, ckpt_every=500),
-        bart_train=StageConfig(steps=5000, batch_size=64, lr=2e-3, warmup_steps=200, blank_caption_prob=0.2, weight_decay=0.01,
+        vqgan_train=StageConfig(steps=1500, batch_size=32, lr=2e-3, warmup_steps=100, log_every=50, eval_every=250,
+                                ckpt_every=500),
+        decoder_train=StageConfig(steps=1000, batch_size=32, lr=5e-4, warmup_steps=50, log_every=50, eval_every=250,
+                                  ckpt_every=500),
+        bart_train=StageConfig(steps=5000, batch_size=64, lr=2e-3, warmup_steps=200, blank_caption_prob=0.2,
+                               weight_decay=0.01,
                                log_every=50, eval_every=500, ckpt_every=500),
-        clip_train=StageConfig(steps=1000, batch_size=128, lr=1.5e-3, warmup_steps=100, log_every=50, eval_every=250, ckpt_every=500),
-        sample=SampleConfig(cond_scale=2.0, plausibility=0.05),   # scale 2 is the best two-object scale of the shipped model (BENCHMARKS.md)
+        clip_train=StageConfig(steps=1000, batch_size=128, lr=1.5e-3, warmup_steps=100, log_every=50, eval_every=250,
+                               ckpt_every=500),
+        # scale 2 is the best two-object scale of the shipped model (BENCHMARKS.md)
+        sample=SampleConfig(cond_scale=2.0, plausibility=0.05),
         # the dVAE: squared error with β 0.1 and a usage term instead of the paper's logit-Laplace and β 6.6, which collapse
         # onto a few codes at this size (BENCHMARKS.md, "Image tokenizers"); the paper's recipe is `PAPER_DVAE`'s
         dvae=DVAEConfig(recon="mse", kl_weight=0.1, usage_weight=0.5),
-        dvae_train=StageConfig(steps=1500, batch_size=32, lr=2e-3, warmup_steps=100, log_every=50, eval_every=250, ckpt_every=500),
-        dalle_train=StageConfig(steps=2500, batch_size=64, lr=2e-3, warmup_steps=200, blank_caption_prob=0.2, weight_decay=0.01,
+        dvae_train=StageConfig(steps=1500, batch_size=32, lr=2e-3, warmup_steps=100, log_every=50, eval_every=250,
+                               ckpt_every=500),
+        dalle_train=StageConfig(steps=2500, batch_size=64, lr=2e-3, warmup_steps=200, blank_caption_prob=0.2,
+                                weight_decay=0.01,
                                 log_every=50, eval_every=500, ckpt_every=500))
 
 PRESETS["tiny"] = _tiny
@@ -296,7 +325,8 @@ def _published(name, d, layers, heads, glu, text_vocab, image_vocab):
     bart = BartConfig(text_vocab=text_vocab, image_codes=16384, image_vocab=image_vocab, max_text_len=64, image_len=256,
                       d_model=d, encoder_layers=layers, decoder_layers=layers, heads=heads, glu_dim=glu,
                       text_normalizer="dalle_mini")
-    stage = StageConfig(steps=100_000, batch_size=44, lr=1e-4, warmup_steps=10_000, decay="constant", optimizer="shampoo",
+    stage = StageConfig(steps=100_000, batch_size=44, lr=1e-4, warmup_steps=10_000, decay="constant",
+                        optimizer="shampoo",
                         b1=0.9, b2=0.99, grad_accum=3, blank_caption_prob=0.2, log_every=100, eval_every=2000, ckpt_every=2000,
                         shampoo_block=2048, shampoo_every=10, shampoo_start=101, shampoo_graft="rmsprop_normalized",
                         shampoo_nesterov=False, shampoo_skip_gt=4096, mesh="dp=-1,mp=8" if name == "mega" else "dp=-1")
@@ -309,14 +339,18 @@ PRESETS["mega"] = lambda: _published("mega", 2048, 24, 32, 4096, 50272, 16415)
 # %% ../nbs/00_config.ipynb #fd666a9a
 def _paper_dalle():
     "The DALL·E paper's system: dVAE (32×32 of 8192 codes) + 64-layer sparse transformer (≈12B parameters)."
-    dalle = DalleConfig(text_vocab=16384, text_len=256, image_codes=8192, image_grid=32, d_model=3968, layers=64, heads=62,
+    dalle = DalleConfig(text_vocab=16384, text_len=256, image_codes=8192, image_grid=32, d_model=3968, layers=64,
+                        heads=62,
                         conv_kernel=11)
-    dvae_stage = StageConfig(steps=3_000_000, batch_size=512, lr=1e-4, warmup_steps=0, decay="cosine", min_lr_ratio=0.0125,
+    dvae_stage = StageConfig(steps=3_000_000, batch_size=512, lr=1e-4, warmup_steps=0, decay="cosine",
+                             min_lr_ratio=0.0125,
                              b1=0.9, b2=0.999, weight_decay=1e-4, log_every=1000, eval_every=10_000, ckpt_every=10_000)
-    dalle_stage = StageConfig(steps=430_000, batch_size=1024, lr=4.5e-4, warmup_steps=5_000, decay="cosine", b1=0.9, b2=0.96,
+    dalle_stage = StageConfig(steps=430_000, batch_size=1024, lr=4.5e-4, warmup_steps=5_000, decay="cosine", b1=0.9,
+                              b2=0.96,
                               weight_decay=4.5e-2, grad_clip=4.0, log_every=100, eval_every=2000, ckpt_every=2000)
     return RunConfig(name="dalle", arch="dalle", image_tokenizer="dvae", vqgan=F16_VQGAN, dvae=PAPER_DVAE, dalle=dalle,
-                     bart=BartConfig(text_vocab=16384, image_codes=16384, image_vocab=16384, max_text_len=256, image_len=256),
+                     bart=BartConfig(text_vocab=16384, image_codes=16384, image_vocab=16384, max_text_len=256,
+                                     image_len=256),
                      clip=CLIP_VIT_B32, dvae_train=dvae_stage, dalle_train=dalle_stage)
 
 PRESETS["dalle"] = _paper_dalle

@@ -49,10 +49,12 @@ def read_torch(path) -> dict:
     path = _exists(path)
     try: import torch
     except ImportError:
-        raise ConvertError(f"{path}: reading PyTorch .pt files needs torch (pip install torch); msgpack and safetensors files need nothing extra") from None
+        raise ConvertError(f"{path}: reading PyTorch .pt files needs torch (pip install torch); msgpack and "
+                           "safetensors files need nothing extra") from None
     try: sd = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:
-        raise ConvertError(f"{path}: not a readable PyTorch weights file ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})") from None
+        raise ConvertError(f"{path}: not a readable PyTorch weights file ({type(e).__name__}: "
+                           f"{str(e).splitlines()[0] if str(e) else ''})") from None
     if isinstance(sd, dict) and isinstance(sd.get("state_dict"), dict): sd = sd["state_dict"]
     if not isinstance(sd, dict) or not all(isinstance(v, torch.Tensor) for v in sd.values()):
         raise ConvertError(f"{path}: expected a state_dict (names → tensors), found {type(sd).__name__}")
@@ -76,7 +78,8 @@ def read_json(path) -> dict:
     "A `config.json` as a dict."
     path = _exists(path)
     try: d = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e: raise ConvertError(f"{path}: not valid JSON ({e})") from None
+    except (json.JSONDecodeError,
+            UnicodeDecodeError) as e: raise ConvertError(f"{path}: not valid JSON ({e})") from None
     if not isinstance(d, dict): raise ConvertError(f"{path}: expected a JSON object")
     return d
 
@@ -84,7 +87,8 @@ def read_json(path) -> dict:
 def torch_name(key: str) -> str:
     "PyTorch `state_dict` name of one of our parameter paths (`encoder/layers/layers/0/glu/fc0/kernel` → `encoder.layers.0.glu.fc0.weight`)."
     parts = key.split("/")
-    parts = [p for i, p in enumerate(parts) if not (i and p == "layers" and parts[i - 1] == "layers")]   # LayerStack's inner list
+    # LayerStack's inner list
+    parts = [p for i, p in enumerate(parts) if not (i and p == "layers" and parts[i - 1] == "layers")]
     leaf = {"kernel": "weight", "scale": "weight", "embedding": "weight"}.get(parts[-1], parts[-1])
     return ".".join(parts[:-1] + [leaf])
 
@@ -159,9 +163,11 @@ def from_torch_state(sd: dict, want: dict, source, what: str, name=torch_name, o
             if optional is not None and optional.search(tk): out[k] = np.ones(shape, np.float32); continue
             problems.append(f"missing tensor {tk} {torch_shape(k, shape)}"); continue
         a = sd[tk]
-        if a.ndim == 4 and len(shape) == 2 and a.shape[2:] == (1, 1): a = a[:, :, 0, 0]     # 1×1-conv-shaped linear weights
+        # 1×1-conv-shaped linear weights
+        if a.ndim == 4 and len(shape) == 2 and a.shape[2:] == (1, 1): a = a[:, :, 0, 0]
         a = from_torch(k, a)
-        if tuple(a.shape) != tuple(shape): problems.append(f"tensor {tk}: file has shape {tuple(sd[tk].shape)}, expected {torch_shape(k, shape)}")
+        if tuple(a.shape) != tuple(shape): problems.append(f"tensor {tk}: file has shape {tuple(sd[tk].shape)}, "
+                                                           f"expected {torch_shape(k, shape)}")
         else: out[k] = a.astype(np.float32)
     problems += [f"unexpected tensor {k} {tuple(v.shape)}" for k, v in sorted(sd.items())
                  if k not in seen and not (ignore is not None and ignore.search(k))]
@@ -170,19 +176,22 @@ def from_torch_state(sd: dict, want: dict, source, what: str, name=torch_name, o
 
 def to_torch_state(flat: dict, name=torch_name) -> dict:
     "The PyTorch state dict of our `{name: array}` (the inverse of `from_torch_state`)."
-    return {name(k): np.array(to_torch(k, np.asarray(v, np.float32)), order="C") for k, v in flat.items()}   # contiguous, 0-d kept
+    # contiguous, 0-d kept
+    return {name(k): np.array(to_torch(k, np.asarray(v, np.float32)), order="C") for k, v in flat.items()}
 
 # %% ../nbs/09a_convert.ipynb #330a5c5a
 _SCALELESS_TORCH = re.compile(r"(pre_self_attn_layer_norm|pre_encoder_attn_layer_norm|glu\.ln0|glu\.ln1|final_ln)\.weight$")
 
-def bart_from_min_dalle(encoder_sd: dict, decoder_sd: dict, cfg: BartConfig, sources=("encoder.pt", "decoder.pt")) -> dict:
+def bart_from_min_dalle(encoder_sd: dict, decoder_sd: dict, cfg: BartConfig,
+                        sources=("encoder.pt", "decoder.pt")) -> dict:
     "Our BART parameters (in `cfg`'s layout) from min-dalle's encoder and decoder state dicts."
     want = model_shapes(DalleBart, replace(cfg, scan_layers=False))
     what = f"a BART with d_model={cfg.d_model}, {cfg.encoder_layers}+{cfg.decoder_layers} layers, GLU {cfg.glu_dim}"
     flat = {}
     for side, sd, src in (("encoder", encoder_sd, sources[0]), ("decoder", decoder_sd, sources[1])):
         part = {k[len(side) + 1:]: s for k, s in want.items() if k.startswith(side + "/")}
-        flat.update({f"{side}/{k}": v for k, v in from_torch_state(sd, part, src, what, optional=_SCALELESS_TORCH).items()})
+        flat.update({f"{side}/{k}": v for k, v in from_torch_state(sd, part, src, what,
+                                                                   optional=_SCALELESS_TORCH).items()})
     return _bart_layout(cfg, flat)
 
 def min_dalle_state(bart: DalleBart) -> tuple[dict, dict]:
@@ -190,6 +199,7 @@ def min_dalle_state(bart: DalleBart) -> tuple[dict, dict]:
     flat = unstack_layers({k: np.asarray(v) for k, v in _flat_params(bart).items()})
     return tuple(to_torch_state({k[len(s) + 1:]: v for k, v in flat.items() if k.startswith(s + "/")}) for s in ("encoder", "decoder"))
 
+# %% ../nbs/09a_convert.ipynb #e41306a9
 def min_dalle_config(encoder_sd: dict, decoder_sd: dict, heads: int | None = None, image_codes: int | None = None,
                      source="encoder.pt") -> BartConfig:
     "The BART config min-dalle's state dicts imply: sizes read off the tensors; heads from the published size, or given."
@@ -201,8 +211,10 @@ def min_dalle_config(encoder_sd: dict, decoder_sd: dict, heads: int | None = Non
     depth = lambda sd: len({k.split(".")[1] for k in sd if k.startswith("layers.")})
     published = {PRESETS[n]().bart.d_model: PRESETS[n]().bart.heads for n in ("mini", "mega")}
     heads = heads or published.get(d_model)
-    if heads is None: raise ConvertError(f"{source}: d_model={d_model} is neither DALL·E Mini's (1024) nor Mega's (2048): "
-                                         "give the number of attention heads (it is not stored in any tensor; --heads N)")
+    if heads is None: raise ConvertError(f"{source}: d_model={d_model} is neither DALL·E Mini's (1024) nor Mega's "
+                                         "(2048): "
+                                         "give the number of attention heads (it is not stored in any tensor; --heads "
+                                         "N)")
     codes = image_codes or min(image_rows - 1, 16384)
     try:
         return BartConfig(text_vocab=text_vocab, image_codes=codes, image_vocab=image_rows - 1, max_text_len=max_text,
@@ -214,9 +226,11 @@ def min_dalle_config(encoder_sd: dict, decoder_sd: dict, heads: int | None = Non
 def _vqgan_torch_name(key: str) -> str:
     return "embedding.weight" if key == "quantize/embedding" else torch_name(key)
 
-def vqgan_from_min_dalle(sd: dict, cfg: VQGANConfig = replace(F16_VQGAN, decoder_only=True), source="detoker.pt") -> dict:
+def vqgan_from_min_dalle(sd: dict, cfg: VQGANConfig = replace(F16_VQGAN, decoder_only=True),
+                         source="detoker.pt") -> dict:
     "Our (decoder-only) VQGAN parameters from min-dalle's `detoker.pt` state dict."
-    if not cfg.decoder_only: raise ConvertError(f"{source}: min-dalle ships only the VQGAN's decoder: use a config with decoder_only=True")
+    if not cfg.decoder_only: raise ConvertError(f"{source}: min-dalle ships only the VQGAN's decoder: use a config "
+                                                "with decoder_only=True")
     want = model_shapes(VQGAN, cfg)
     return from_torch_state(sd, want, source, f"a VQGAN decoder ({cfg.n_embed} codes of {cfg.embed_dim}, ch={cfg.ch})",
                             name=_vqgan_torch_name)
@@ -254,14 +268,16 @@ _DALLE_MINI_FIXED = {          # DalleBartConfig field: the value DALL·E Mini/M
     "use_alibi": False, "sinkhorn_iters": 1, "scale_embedding": False, "use_absolute_position_embeddings": True,
     "use_final_ln_encoder": True, "use_final_ln_decoder": True}
 
-def bart_config_from_dalle_mini(c: dict, source="config.json", image_codes: int = 16384, scan_layers: bool = True) -> BartConfig:
+def bart_config_from_dalle_mini(c: dict, source="config.json", image_codes: int = 16384,
+                                scan_layers: bool = True) -> BartConfig:
     "Our `BartConfig` of a dalle-mini `DalleBartConfig` dict; `ConvertError` for variants we do not compute."
     bad = [f"{k}={c[k]!r} (DALL·E Mini/Mega: {v!r})" for k, v in _DALLE_MINI_FIXED.items() if k in c and c[k] != v]
     if c.get("ln_type", "layernorm") not in ("layernorm", "rmsnorm"): bad.append(f"ln_type={c['ln_type']!r}")
     for a, b in (("encoder_attention_heads", "decoder_attention_heads"), ("encoder_ffn_dim", "decoder_ffn_dim")):
         if c.get(a, 16) != c.get(b, 16): bad.append(f"{a}={c.get(a)} differs from {b}={c.get(b)}")
     start = c.get("decoder_start_token_id", c.get("image_vocab_size", 16384))
-    if start != image_codes: bad.append(f"decoder_start_token_id={start} (expected the VQGAN's code count, {image_codes})")
+    if start != image_codes: bad.append(f"decoder_start_token_id={start} (expected the VQGAN's code count, "
+                                        f"{image_codes})")
     if bad: raise _problems(source, "a DalleBart variant this package does not compute", bad)
     try:
         return BartConfig(text_vocab=c.get("encoder_vocab_size", 50264), image_codes=image_codes,
@@ -279,7 +295,8 @@ def bart_from_dalle_mini(flat: dict, cfg: BartConfig, source="flax_model.msgpack
     "Our BART parameters (in `cfg`'s layout) from a dalle-mini msgpack's flat dict, scanned or unscanned layers."
     scanned = any("/FlaxBartEncoderLayers/" in k for k in flat)
     if not scanned and not any("/FlaxBartEncoderLayer_0/" in k for k in flat):
-        raise ConvertError(f"{source}: no model/encoder/layers/FlaxBartEncoderLayers (scanned) or FlaxBartEncoderLayer_0 (unscanned): not a DalleBart msgpack")
+        raise ConvertError(f"{source}: no model/encoder/layers/FlaxBartEncoderLayers (scanned) or "
+                           "FlaxBartEncoderLayer_0 (unscanned): not a DalleBart msgpack")
     want = model_shapes(DalleBart, replace(cfg, scan_layers=False))
     n = {"encoder": cfg.encoder_layers, "decoder": cfg.decoder_layers}
     out, problems, seen = {}, [], set()
@@ -296,14 +313,17 @@ def bart_from_dalle_mini(flat: dict, cfg: BartConfig, source="flax_model.msgpack
             continue
         out[k] = a[i] if i is not None else a
     problems += [f"unexpected tensor {k} {tuple(v.shape)}" for k, v in sorted(flat.items()) if k not in seen]
-    if problems: raise _problems(source, f"does not fit the BART of its config (d_model={cfg.d_model}, {cfg.encoder_layers}+{cfg.decoder_layers} layers)", problems)
+    if problems: raise _problems(source,
+                                 f"does not fit the BART of its config (d_model={cfg.d_model}, "
+                                 f"{cfg.encoder_layers}+{cfg.decoder_layers} layers)", problems)
     return _bart_layout(cfg, out)
 
 # %% ../nbs/09a_convert.ipynb #8d9cf4d2
 def bart_to_dalle_mini(bart: DalleBart, scanned: bool = True) -> tuple[dict, dict]:
     "dalle-mini's flat msgpack dict and `config.json` dict of our BART (NormFormer only)."
     cfg = bart.cfg
-    if cfg.ln_positions != "normformer": raise ConvertError(f"dalle-mini's layout is written for NormFormer models only, not ln_positions={cfg.ln_positions!r}")
+    if cfg.ln_positions != "normformer": raise ConvertError("dalle-mini's layout is written for NormFormer models "
+                                                            f"only, not ln_positions={cfg.ln_positions!r}")
     flat = unstack_layers({k: np.asarray(v, np.float32) for k, v in _flat_params(bart).items()})
     force = any(_SCALELESS.search(k) and not np.all(v == 1) for k, v in flat.items())
     out, layers = {}, {}
@@ -340,15 +360,20 @@ def flax_vqgan_name(key: str) -> str:
 
 def vqgan_config_from_flax(c: dict, source="config.json") -> VQGANConfig:
     "Our `VQGANConfig` of the Flax VQGAN's `config.json` (taming's field names)."
-    bad = [f"{k}={c[k]!r}" for k, ok in (("double_z", False), ("resamp_with_conv", True), ("give_pre_end", False)) if c.get(k, ok) != ok]
-    if c.get("out_ch", 3) != c.get("in_channels", 3): bad.append(f"out_ch={c.get('out_ch')} differs from in_channels={c.get('in_channels')}")
+    bad = [f"{k}={c[k]!r}" for k, ok in (("double_z", False), ("resamp_with_conv", True),
+                                         ("give_pre_end", False)) if c.get(k, ok) != ok]
+    if c.get("out_ch", 3) != c.get("in_channels", 3): bad.append(f"out_ch={c.get('out_ch')} differs from "
+                                                                 f"in_channels={c.get('in_channels')}")
     if bad: raise _problems(source, "a VQGAN variant this package does not compute", bad)
     try:
-        return VQGANConfig(resolution=c.get("resolution", 256), in_channels=c.get("in_channels", 3), ch=c.get("ch", 128),
+        return VQGANConfig(resolution=c.get("resolution", 256), in_channels=c.get("in_channels", 3),
+                           ch=c.get("ch", 128),
                            ch_mult=tuple(c.get("ch_mult", (1, 1, 2, 2, 4))), num_res_blocks=c.get("num_res_blocks", 2),
-                           attn_resolutions=tuple(c.get("attn_resolutions", (16,))), z_channels=c.get("z_channels", 256),
+                           attn_resolutions=tuple(c.get("attn_resolutions",
+                                                        (16,))), z_channels=c.get("z_channels", 256),
                            embed_dim=c.get("embed_dim", 256), n_embed=c.get("n_embed", 16384),
-                           norm_groups=c.get("norm_groups", 32), norm_eps=c.get("norm_eps", 1e-6),   # taming's; ours may differ
+                           # taming's; ours may differ
+                           norm_groups=c.get("norm_groups", 32), norm_eps=c.get("norm_eps", 1e-6),
                            signed_input=c.get("signed_input", False))
     except (TypeError, ValueError) as e: raise ConvertError(f"{source}: {e}") from None
 
@@ -361,7 +386,9 @@ def vqgan_from_flax(flat: dict, cfg: VQGANConfig, source="flax_model.msgpack") -
     problems += [f"tensor {fk}: file has shape {tuple(flat[fk].shape)}, expected {want[k]}" for fk, k in sorted(names.items())
                  if fk in flat and tuple(flat[fk].shape) != want[k]]
     problems += [f"unexpected tensor {fk} {tuple(v.shape)}" for fk, v in sorted(flat.items()) if fk not in names]
-    if problems: raise _problems(source, f"does not fit a VQGAN with ch={cfg.ch}, ch_mult={cfg.ch_mult}, {cfg.n_embed} codes", problems)
+    if problems: raise _problems(source,
+                                 f"does not fit a VQGAN with ch={cfg.ch}, ch_mult={cfg.ch_mult}, {cfg.n_embed} codes",
+                                 problems)
     return {k: flat[fk] for fk, k in names.items()}
 
 def vqgan_to_flax(vqgan: VQGAN) -> tuple[dict, dict]:
@@ -383,20 +410,27 @@ def clip_config_from_transformers(c: dict, source="config.json") -> CLIPConfig:
     "Our `CLIPConfig` of transformers' `CLIPConfig` dict (missing fields: OpenAI ViT-B/32's)."
     t, v, base = c.get("text_config") or {}, c.get("vision_config") or {}, CLIP_VIT_B32
     acts = {t.get("hidden_act", base.act), v.get("hidden_act", base.act)}
-    if len(acts) != 1 or acts - {"quick_gelu", "gelu"}: raise ConvertError(f"{source}: activation(s) {sorted(acts)} not supported (quick_gelu or gelu, the same in both towers)")
-    if v.get("num_channels", 3) != 3: raise ConvertError(f"{source}: vision_config.num_channels={v['num_channels']}, expected 3")
+    if len(acts) != 1 or acts - {"quick_gelu", "gelu"}: raise ConvertError(f"{source}: activation(s) {sorted(acts)} "
+                                                                           "not supported (quick_gelu or gelu, the "
+                                                                           "same in both towers)")
+    if v.get("num_channels", 3) != 3: raise ConvertError(f"{source}: vision_config.num_channels={v['num_channels']}, "
+                                                         "expected 3")
     vocab = t.get("vocab_size", base.text_vocab)
     eos = t.get("eos_token_id", base.eos_id)
     if eos == 2: eos = vocab - 1             # legacy configs: transformers takes the largest id, <|endoftext|>
     try:
-        return CLIPConfig(embed_dim=c.get("projection_dim", base.embed_dim), image_size=v.get("image_size", base.image_size),
+        return CLIPConfig(embed_dim=c.get("projection_dim", base.embed_dim),
+                          image_size=v.get("image_size", base.image_size),
                           patch_size=v.get("patch_size", base.patch_size), vision_width=v.get("hidden_size", base.vision_width),
-                          vision_layers=v.get("num_hidden_layers", base.vision_layers), vision_heads=v.get("num_attention_heads", base.vision_heads),
+                          vision_layers=v.get("num_hidden_layers",
+                                              base.vision_layers), vision_heads=v.get("num_attention_heads",
+                                                                                      base.vision_heads),
                           vision_mlp=v.get("intermediate_size", base.vision_mlp), text_vocab=vocab,
                           text_len=t.get("max_position_embeddings", base.text_len), text_width=t.get("hidden_size", base.text_width),
                           text_layers=t.get("num_hidden_layers", base.text_layers), text_heads=t.get("num_attention_heads", base.text_heads),
                           text_mlp=t.get("intermediate_size", base.text_mlp), act=acts.pop(), ln_eps=t.get("layer_norm_eps", base.ln_eps),
-                          pad_id=eos, eos_id=eos, logit_scale_init=c.get("logit_scale_init_value", base.logit_scale_init))
+                          pad_id=eos, eos_id=eos, logit_scale_init=c.get("logit_scale_init_value",
+                                                                         base.logit_scale_init))
     except (TypeError, ValueError) as e: raise ConvertError(f"{source}: {e}") from None
 
 # %% ../nbs/09a_convert.ipynb #1569c7e0
@@ -414,7 +448,8 @@ def clip_to_transformers(clip: CLIP) -> tuple[dict, dict]:
                               "num_hidden_layers": c.text_layers, "num_attention_heads": c.text_heads,
                               "max_position_embeddings": c.text_len, "hidden_act": c.act, "layer_norm_eps": c.ln_eps,
                               "eos_token_id": c.eos_id, "pad_token_id": c.pad_id, "projection_dim": c.embed_dim},
-              "vision_config": {"hidden_size": c.vision_width, "intermediate_size": c.vision_mlp, "num_hidden_layers": c.vision_layers,
+              "vision_config": {"hidden_size": c.vision_width, "intermediate_size": c.vision_mlp,
+                                "num_hidden_layers": c.vision_layers,
                                 "num_attention_heads": c.vision_heads, "image_size": c.image_size, "patch_size": c.patch_size,
                                 "hidden_act": c.act, "layer_norm_eps": c.ln_eps, "num_channels": 3, "projection_dim": c.embed_dim}}
     return sd, config

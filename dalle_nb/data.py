@@ -17,7 +17,8 @@ from .sharding import RULES, batch_slice, to_host
 __all__ = ['encode_images', 'Batches', 'blank_captions']
 
 # %% ../nbs/14_data.ipynb #11f4c228
-def encode_images(encode_fn, images, batch_size: int = 256, desc: str = "encoding", progress: bool = True) -> np.ndarray:
+def encode_images(encode_fn, images, batch_size: int = 256, desc: str = "encoding",
+                  progress: bool = True) -> np.ndarray:
     "Apply `encode_fn` (images `[b,H,W,C]` → ids `[b,T]`) to `images` in batches; returns int32 `[N, T]`."
     n = len(images)
     if n == 0: raise ValueError("encode_images: no images")
@@ -38,7 +39,8 @@ class Batches:
         lens = {k: len(v) for k, v in arrays.items()}
         if len(set(lens.values())) != 1: raise ValueError(f"Batches: arrays differ in length {lens}")
         self.arrays, self.n = arrays, next(iter(lens.values()))
-        if batch_size % process_count: raise ValueError(f"Batches: batch {batch_size} does not split over {process_count} processes")
+        if batch_size % process_count: raise ValueError(f"Batches: batch {batch_size} does not split over "
+                                                        f"{process_count} processes")
         if self.n < batch_size: raise ValueError(f"Batches: {self.n} examples cannot fill a batch of {batch_size}")
         self.batch_size, self.seed, self.step = batch_size, seed, step
         self.process_index, self.process_count = process_index, process_count
@@ -74,7 +76,8 @@ def state(self) -> dict:
 @patch_to(Batches)
 def restore(self, state: dict):
     "Continue from a `state()` snapshot."
-    if state["seed"] != self.seed: raise ValueError(f"Batches: checkpoint was drawn with seed {state['seed']}, not {self.seed}")
+    if state["seed"] != self.seed: raise ValueError(f"Batches: checkpoint was drawn with seed {state['seed']}, not "
+                                                    f"{self.seed}")
     self.step = int(state["step"]); return self
 
 @patch_to(Batches, cls_method=True)

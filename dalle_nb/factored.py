@@ -82,7 +82,8 @@ class FactoredVQGAN(VQGAN):
 def latents(self: FactoredVQGAN, ids):
     "`(outline codes [B, g, g, embed_dim], colour codes [B, g, g, 4])` of token ids `[B, n_tokens]`."
     g = self.cfg.grid
-    t = self._ids(ids).reshape(-1, g, g, 2)     # an id from the other codebook's range is read as the nearest id of the right one
+    # an id from the other codebook's range is read as the nearest id of the right one
+    t = self._ids(ids).reshape(-1, g, g, 2)
     outline = jnp.clip(t[..., 0], 0, self.cfg.n_embed - 1)
     color = jnp.clip(t[..., 1] - self.cfg.n_embed, 0, self.cfg.color_codes - 1)
     return self.quantize.embed(outline), self.quantize_color.embed(color)
@@ -106,7 +107,9 @@ def __call__(self: FactoredVQGAN, images, update_usage: bool = False):
     zc, cids, closs = self.quantize_color(self.color_features(images), update_usage)
     losses = {**{k: losses[k] + closs[k] for k in ("codebook", "commit", "loss")},
               "perplexity": losses["perplexity"], "color_perplexity": closs["perplexity"]}
-    return self.decode_latents(zq, zc), {**losses, "ids": jnp.stack([ids, self.cfg.n_embed + cids], -1).reshape(images.shape[0], -1)}
+    return self.decode_latents(zq, zc), {**losses,
+                                         "ids": jnp.stack([ids, self.cfg.n_embed + cids],
+                                                                    -1).reshape(images.shape[0], -1)}
 
 def make_vqgan(cfg: VQGANConfig, *, rngs: nnx.Rngs) -> VQGAN:
     "The VQGAN `cfg` describes: a `FactoredVQGAN` when it has colour codes, a plain `VQGAN` otherwise."

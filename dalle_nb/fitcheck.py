@@ -21,13 +21,15 @@ __all__ = ['HBM_GIB', 'V3', 'FitError', 'topology_devices', 'libtpu_available', 
 class FitError(ValueError):
     "A fit check that cannot run (no libtpu, a layout that does not match the topology, no recorded results)."
 
-HBM_GIB = {"v2": 8, "v3": 16, "v4": 32, "v5litepod": 16, "v5e": 16, "v5p": 95, "v6e": 32}   # per TensorCore (v4+: per chip = 1 megacore)
+# per TensorCore (v4+: per chip = 1 megacore)
+HBM_GIB = {"v2": 8, "v3": 16, "v4": 32, "v5litepod": 16, "v5e": 16, "v5p": 95, "v6e": 32}
 
 def topology_devices(topology: str | None):
     "The devices of a TPU topology such as `'v3:8x16'` (needs libtpu; no TPU attached), or this process's devices for None."
     import jax
     if topology is None: return jax.devices()
-    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")   # compiling only: do not take libtpu's single-process lock
+    # compiling only: do not take libtpu's single-process lock
+    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
     from jax.experimental import topologies
     try: return topologies.get_topology_desc(platform="tpu", topology_name=topology).devices
     except Exception as e:
@@ -45,7 +47,8 @@ def layout_mesh(layout: str, devices):
     from jax.experimental import mesh_utils
     from dalle_nb.sharding import make_mesh
     sizes = parse_mesh(layout)
-    try: plain = make_mesh(**sizes, devices=devices)                      # sizes checked, -1 resolved; devices in list order
+    # sizes checked, -1 resolved; devices in list order
+    try: plain = make_mesh(**sizes, devices=devices)
     except ValueError as e: raise FitError(f"mesh {layout!r}: {e}") from None
     try: grid = mesh_utils.create_device_mesh(plain.devices.shape, list(devices), allow_split_physical_axes=True)
     except Exception: return plain
@@ -59,9 +62,11 @@ class FitReport:
     memory: dict            # bytes per core: argument, output, alias, temp, code, total
     state: dict             # bytes per core of the train state by part (params, opt, rest), from its shardings
     hbm_bytes: int
-    flops: dict             # per core, per step, by part (forward_backward, update, shampoo_roots), loops × trip counts (convergence loops at their cap)
+    # per core, per step, by part (forward_backward, update, shampoo_roots), loops × trip counts (convergence loops at their cap)
+    flops: dict
     xla_flops: float        # cost_analysis()['flops'] (loop bodies once)
-    collectives: list       # [{'part', 'op', 'group', 'count', 'bytes', 'async_bytes', 'overlap_flops'}] per core per step (async: start/done pairs, and the FLOPs between)
+    # [{'part', 'op', 'group', 'count', 'bytes', 'async_bytes', 'overlap_flops'}] per core per step (async: start/done pairs, and the FLOPs between)
+    collectives: list
     compile_seconds: float
     lower_seconds: float
     error: str | None = None  # the TPU compiler's refusal (out of HBM), when it refused
@@ -90,10 +95,13 @@ def table(self: FitReport) -> str:
     g = lambda b: f"{b / 2**30:8.2f} GiB"
     c = self.config
     rows = [f"fit check: {c['preset']} {c['stage']} step on {c['topology']} ({c['devices']} cores), mesh {c['mesh']}",
-            f"  batch {c['per_replica']} per replica x {c['replicas']} replicas x {c['accum']} accumulation = {c['global_batch']} per update;"
-            f" remat {c['remat']}, scan {c['scan']}, params {c['param_dtype']}, compute {c['dtype']}, optimizer {c['optimizer']}",
+            f"  batch {c['per_replica']} per replica x {c['replicas']} replicas x {c['accum']} accumulation = "
+            f"{c['global_batch']} per update;"
+            f" remat {c['remat']}, scan {c['scan']}, params {c['param_dtype']}, compute {c['dtype']}, optimizer "
+            f"{c['optimizer']}",
             *([f"  DOES NOT FIT: the TPU compiler refused the program: {self.error}",
-               f"  it needs at least {g(self.memory['total'])} of temporaries per core; {self.hbm_bytes / 2**30:.0f} GiB HBM"] if self.error else [
+               f"  it needs at least {g(self.memory['total'])} of temporaries per core; {self.hbm_bytes / 2**30:.0f} "
+               "GiB HBM"] if self.error else [
             f"  arguments (state + batch) {g(self.memory['argument'])}",
             f"  outputs not donated       {g(self.memory['output'] - self.memory['alias'])}",
             f"  temporaries               {g(self.memory['temp'])}",
@@ -123,7 +131,8 @@ def _refused_bytes(msg: str) -> int:
     return int(float(m[1]) * units[m[2]]) if m else 0
 
 # %% ../nbs/16a_fitcheck.ipynb #7bd6df02
-def _bart_setup(cfg, per_replica=None, accum=None, remat="full", scan=True, dtype=None, param_dtype=None, optimizer=None, layers=None):
+def _bart_setup(cfg, per_replica=None, accum=None, remat="full", scan=True, dtype=None, param_dtype=None,
+                optimizer=None, layers=None):
     "`(bart config, bart stage config, per_replica, accum)` of `cfg` with a fit check's options applied."
     sc = cfg.bart_train
     per_replica, accum = per_replica or sc.batch_size, accum or sc.grad_accum
@@ -137,12 +146,14 @@ def _compile(train, batch, key):
     "Lower and compile `train.step`, timed, without the compilation cache: `(compiled or None, refusal or None, lower s, compile s)`."
     import jax
     cache = jax.config.jax_enable_compilation_cache
-    jax.config.update("jax_enable_compilation_cache", False)      # time a real compile, and keep TPU programs out of the cache
+    # time a real compile, and keep TPU programs out of the cache
+    jax.config.update("jax_enable_compilation_cache", False)
     error = None
     try:
         t0 = time.perf_counter(); lowered = train.step.lower(train.abstract, batch, key); t1 = time.perf_counter()
         try: compiled = lowered.compile()
-        except Exception as e:                                        # the TPU compiler refuses programs that cannot fit
+        # the TPU compiler refuses programs that cannot fit
+        except Exception as e:
             if "RESOURCE_EXHAUSTED" not in str(e): raise
             compiled, error = None, " ".join(str(e).split())[:400]
         t2 = time.perf_counter()
@@ -187,7 +198,8 @@ def fit_check(cfg, topology: str | None = "v3:8x16", layout: str | None = None, 
     from dalle_nb.sharding import data_shards
     from dalle_nb.train import make_sharded_train_step
     layout = layout or cfg.bart_train.mesh
-    bart, sc, per_replica, accum = _bart_setup(cfg, per_replica, accum, remat, scan, dtype, param_dtype, optimizer, layers)
+    bart, sc, per_replica, accum = _bart_setup(cfg, per_replica, accum, remat, scan, dtype, param_dtype, optimizer,
+                                               layers)
     devs = devices if devices is not None else topology_devices(topology)
     mesh = layout_mesh(layout, devs)
     replicas = data_shards(mesh)
@@ -195,20 +207,25 @@ def fit_check(cfg, topology: str | None = "v3:8x16", layout: str | None = None, 
     blank = jnp.full((bart.max_text_len,), bart.pad_id, jnp.int32)
     def loss_fn(m, b, k): return bart_loss(m, blank_captions(b["text"], blank, sc.blank_caption_prob, k), b["image"])
     model = abstract_module(lambda: DalleBart(bart, rngs=nnx.Rngs(0)))
-    train = make_sharded_train_step(loss_fn, model, tx if tx is not None else make_optimizer(sc), mesh, grad_accum=accum)
-    batch = train.batch_structs({"text": ((B, bart.max_text_len), jnp.int32), "image": ((B, bart.image_len), jnp.int32)})
+    train = make_sharded_train_step(loss_fn, model, tx if tx is not None else make_optimizer(sc), mesh,
+                                    grad_accum=accum)
+    batch = train.batch_structs({"text": ((B, bart.max_text_len), jnp.int32),
+                                 "image": ((B, bart.image_len), jnp.int32)})
     key = jax.ShapeDtypeStruct((), jax.random.key(0).dtype, sharding=NamedSharding(mesh, P()))
     compiled, error, lower_s, compile_s = _compile(train, batch, key)
     mem, xla, prof, prof_min = _measure(compiled, error, len(devs))
     coll = [{"part": p, "op": op, "group": g, "count": c, "bytes": b, "async_bytes": ab, "overlap_flops": af}
             for (p, op, g), (c, b, ab, af) in sorted(prof["collectives"].items())]
     kind = getattr(devs[0], "device_kind", "cpu")
-    config = {"preset": cfg.name, "stage": "bart", "topology": topology or f"{len(devs)} x {kind}", "devices": len(devs),
+    config = {"preset": cfg.name, "stage": "bart", "topology": topology or f"{len(devs)} x {kind}",
+              "devices": len(devs),
               "device_kind": kind, "mesh": dict(mesh.shape), "per_replica": per_replica, "replicas": replicas, "accum": accum,
               "global_batch": B, "remat": remat, "scan": scan, "dtype": bart.dtype, "param_dtype": bart.param_dtype,
-              "optimizer": sc.optimizer if tx is None else "custom", "layers": [bart.encoder_layers, bart.decoder_layers], "shampoo_every": sc.shampoo_every,
+              "optimizer": sc.optimizer if tx is None else "custom", "layers": [bart.encoder_layers,
+                                                                                bart.decoder_layers], "shampoo_every": sc.shampoo_every,
               "tokens_per_sample": bart.image_len, "loops": len(prof["loops"]), "loops_at_max_trips": prof["inexact_loops"]}
-    return FitReport(config, mem, state_bytes(train.abstract), int(_hbm_gib(devs, topology, hbm_gib) * 2**30), prof["flops"],
+    return FitReport(config, mem, state_bytes(train.abstract), int(_hbm_gib(devs, topology, hbm_gib) * 2**30),
+                     prof["flops"],
                      float(xla.get("flops", 0.0)), coll, compile_s, lower_s, error, prof_min["flops"])
 
 # %% ../nbs/16a_fitcheck.ipynb #4943e87f
@@ -220,7 +237,8 @@ def load_fit_results(path) -> list[dict]:
 
 # %% ../nbs/16a_fitcheck.ipynb #ae2a74b7
 V3 = {"peak_flops": 61.5e12, "hbm_bytes_per_s": 450e9, "ici_bytes_per_s": 166e9,
-      "source": "Google Cloud TPU v3 page: 123 TFLOP/s bf16 and 900 GB/s HBM per chip (2 cores), 340 TB/s all-reduce bandwidth per 1024-chip pod"}
+      "source": "Google Cloud TPU v3 page: 123 TFLOP/s bf16 and 900 GB/s HBM per chip (2 cores), 340 TB/s all-reduce "
+                "bandwidth per 1024-chip pod"}
 
 def _wire_bytes(op: str, nbytes: float, n: int) -> float:
     "Bytes a device sends for one collective of result size `nbytes` over a group of `n` (ring algorithms)."
@@ -229,7 +247,8 @@ def _wire_bytes(op: str, nbytes: float, n: int) -> float:
     return {"all-reduce": 2 * nbytes * f, "all-gather": nbytes * f, "all-to-all": nbytes * f,
             "reduce-scatter": nbytes * (n - 1), "collective-permute": nbytes}[op]
 
-def step_time(report: dict, hw: dict = V3, mfu: float = 0.5, samples: float = 1.8e9, newton_iterations: int = 20) -> dict:
+def step_time(report: dict, hw: dict = V3, mfu: float = 0.5, samples: float = 1.8e9,
+              newton_iterations: int = 20) -> dict:
     "Paper model of one update's time on the pod from a fit-check report (`FitReport.to_json()`): compute, communication, what of it hides behind compute, totals."
     every = report["config"].get("shampoo_every", 1) or 1
     flops = dict(report["flops"])
@@ -241,10 +260,13 @@ def step_time(report: dict, hw: dict = V3, mfu: float = 0.5, samples: float = 1.
                for c in report["collectives"]) / hw["ici_bytes_per_s"]
     total = compute + comm
     batch = report["config"]["global_batch"]
-    counted = bool(report["collectives"]) and all("async_bytes" in c for c in report["collectives"])   # older reports: not counted
-    hidden = sum(min(_wire_bytes(c["op"], c["async_bytes"], c["group"]) / hw["ici_bytes_per_s"], c["overlap_flops"] / (hw["peak_flops"] * mfu))
+    # older reports: not counted
+    counted = bool(report["collectives"]) and all("async_bytes" in c for c in report["collectives"])
+    hidden = sum(min(_wire_bytes(c["op"], c["async_bytes"], c["group"]) / hw["ici_bytes_per_s"],
+                     c["overlap_flops"] / (hw["peak_flops"] * mfu))
                  / (every if c["part"] == "shampoo_roots" else 1) for c in report["collectives"]) if counted else None
-    return {"compute_s": compute, "communication_s": comm, "hidden_s": hidden, "step_s": total - hidden if counted else None,
+    return {"compute_s": compute, "communication_s": comm, "hidden_s": hidden,
+            "step_s": total - hidden if counted else None,
             "step_s_no_overlap": total, "step_s_full_overlap": max(compute, comm),
             "samples_per_s": batch / total, "days_for_samples": samples / (batch / total) / 86400,
             "days_if_overlapped": samples / (batch / max(compute, comm)) / 86400, "mfu": mfu}

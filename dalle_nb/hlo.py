@@ -13,7 +13,8 @@ __all__ = ['DTYPE_BYTES', 'COLLECTIVES', 'hlo_shapes', 'hlo_nbytes', 'parse_hlo'
            'collective_bytes', 'allreduce_bytes', 'async_overlap', 'hlo_profile']
 
 # %% ../nbs/12a_hlo.ipynb #3deeee65
-DTYPE_BYTES = {"pred": 1, "s4": 1, "u4": 1, "s8": 1, "u8": 1, "f8e4m3fn": 1, "f8e5m2": 1, "bf16": 2, "f16": 2, "s16": 2, "u16": 2,
+DTYPE_BYTES = {"pred": 1, "s4": 1, "u4": 1, "s8": 1, "u8": 1, "f8e4m3fn": 1, "f8e5m2": 1, "bf16": 2, "f16": 2, "s16": 2,
+               "u16": 2,
                "f32": 4, "s32": 4, "u32": 4, "f64": 8, "s64": 8, "u64": 8, "c64": 8, "c128": 16}    # bytes per element (4-bit: 1)
 _SHAPE = re.compile(r"([a-z][a-z0-9]*)\[([0-9,]*)\]")
 
@@ -187,6 +188,7 @@ def _conv_flops(out, lhs, rhs, rest) -> int:
         taps *= int(((i >= 0) & (i < span) & (i % ldil[k] == 0)).sum())
     return 2 * taps * out[ol.index("b")] * out[ol.index("f")] * rhs[rl.index("i")]
 
+# %% ../nbs/12a_hlo.ipynb #e7435a51
 def _flops(comp, ins) -> int:
     "FLOPs of a `dot` or `convolution` instruction (0 for anything else)."
     n, shape, op, rest = ins
@@ -228,7 +230,8 @@ def async_overlap(module) -> dict[str, int]:
     return out
 
 # %% ../nbs/12a_hlo.ipynb #b54b98cb
-_ROOT_FUNCS = ("refresh_roots", "inverse_pth_root", "_newton_root", "_mat_pow", "max_eigenvalue")  # dalle_nb.shampoo's refresh
+# dalle_nb.shampoo's refresh
+_ROOT_FUNCS = ("refresh_roots", "inverse_pth_root", "_newton_root", "_mat_pow", "max_eigenvalue")
 
 def hlo_profile(text: str, devices: int = 1, inexact_trips: int | None = None) -> dict:
     "FLOPs and collectives of a compiled HLO module (per device), loop bodies × trip counts; split by part of the step; collectives as `[count, bytes, async bytes, FLOPs scheduled beside them]`. `inexact_trips`: count loops that stop on convergence this many times instead of their cap."
@@ -238,7 +241,8 @@ def hlo_profile(text: str, devices: int = 1, inexact_trips: int | None = None) -
     def part(rest):
         op = re.search(r'op_name="([^"]*)"', rest)
         op = op[1] if op else ""
-        if "jvp(" in op or "transpose(" in op: return "forward_backward"      # differentiated: the loss and its gradient
+        # differentiated: the loss and its gradient
+        if "jvp(" in op or "transpose(" in op: return "forward_backward"
         m = re.search(r"stack_frame_id=(\d+)", rest)
         names = " ".join(stack(int(m[1]))) if m else ""
         if any(f in names for f in _ROOT_FUNCS) or op.count("cond/") >= 3: return "shampoo_roots"
@@ -248,7 +252,8 @@ def hlo_profile(text: str, devices: int = 1, inexact_trips: int | None = None) -
             p = part(ins[3]); out["flops"][p] = out["flops"].get(p, 0) + times * _flops(comp, ins)
         if (c := _collective(ins, devices)) is not None:
             kind, _, nbytes, g = c
-            acc = out["collectives"].setdefault((part(ins[3]), kind, g), [0, 0, 0, 0])   # count, bytes, async bytes, FLOPs beside them
+            # count, bytes, async bytes, FLOPs beside them
+            acc = out["collectives"].setdefault((part(ins[3]), kind, g), [0, 0, 0, 0])
             acc[0] += times; acc[1] += times * nbytes
             if ins[0] in overlap: acc[2] += times * nbytes; acc[3] += times * overlap[ins[0]]
     out["loops"] = walk_hlo(module, visit, inexact_trips)

@@ -20,12 +20,14 @@ __all__ = ['YNN_FUSIONS', 'LOGICAL_AXES', 'QUANTIZE', 'ACTIVATIONS', 'xla_cpu_de
            'served_kernel', 'Embed', 'serve_all', 'Norm', 'Conv', 'gelu', 'quick_gelu', 'swish']
 
 # %% ../nbs/04_layers.ipynb #c22d4f45
-YNN_FUSIONS = {"train": "-individual_convolution", "generate": "individual_dot"}   # XLA:CPU's YNNPACK fusions per purpose
+# XLA:CPU's YNNPACK fusions per purpose
+YNN_FUSIONS = {"train": "-individual_convolution", "generate": "individual_dot"}
 _YNN_FLAG = re.compile(r"\s*--xla_cpu_experimental_ynn_fusion_type=(\S*)")
 
 def xla_cpu_defaults(purpose: str = "train", env=os.environ) -> str:
     "Set `env['XLA_FLAGS']`'s YNNPACK fusions for `purpose` (`train` or `generate`; see above) unless you chose them; returns the flags."
-    if purpose not in YNN_FUSIONS: raise ValueError(f"xla_cpu_defaults: unknown purpose {purpose!r}; choose from {sorted(YNN_FUSIONS)}")
+    if purpose not in YNN_FUSIONS: raise ValueError(f"xla_cpu_defaults: unknown purpose {purpose!r}; choose from "
+                                                    f"{sorted(YNN_FUSIONS)}")
     flags = env.get("XLA_FLAGS", "")
     mine = _YNN_FLAG.search(flags)
     if (mine and mine.group(1) != env.get("DALLE_NB_YNN")) or env.get("DALLE_NB_XLA_DEFAULTS", "1") == "0": return flags
@@ -40,7 +42,8 @@ def xla_cpu_defaults(purpose: str = "train", env=os.environ) -> str:
 xla_cpu_defaults()       # every process that builds a model: training's flags, before any computation has run
 
 # %% ../nbs/04_layers.ipynb #e92a50be
-LOGICAL_AXES = ("batch", "length", "embed", "heads", "kv", "mlp", "vocab", "norm", "layers", "conv_in", "conv_out", "precond")
+LOGICAL_AXES = ("batch", "length", "embed", "heads", "kv", "mlp", "vocab", "norm", "layers", "conv_in", "conv_out",
+                "precond")
 
 def dtype_of(name) -> jnp.dtype:
     "A JAX dtype from a config string such as `'bfloat16'` (dtypes pass through)."
@@ -50,7 +53,8 @@ def dtype_of(name) -> jnp.dtype:
 def param(rngs: nnx.Rngs, init, shape, axes, dtype="float32") -> nnx.Param:
     "A parameter initialised by `init`, its axes tagged with logical names (`None` for an axis never split)."
     axes = tuple(axes)
-    if len(axes) != len(shape): raise ValueError(f"param: {len(shape)}-d shape {tuple(shape)} but {len(axes)} axis names {axes}")
+    if len(axes) != len(shape): raise ValueError(f"param: {len(shape)}-d shape {tuple(shape)} but {len(axes)} axis "
+                                                 f"names {axes}")
     bad = [a for a in axes if a is not None and a not in LOGICAL_AXES]
     if bad: raise ValueError(f"param: unknown logical axis name(s) {bad}; known: {LOGICAL_AXES}")
     value = jax.ShapeDtypeStruct(tuple(shape), dtype_of(dtype)) if shapes_only() else init(rngs.params(), tuple(shape), dtype_of(dtype))
@@ -124,13 +128,15 @@ def served_kernel(w, quantize: str | None = None) -> tuple:
     if quantize not in QUANTIZE: raise ValueError(f"quantize must be one of {QUANTIZE}, got {quantize!r}")
     return _served_kernel(w, quantize)
 
-@partial(jax.jit, static_argnums=1)     # one program per kernel shape: the file's float16 goes to the device as it is, cast and transposed there
+# one program per kernel shape: the file's float16 goes to the device as it is, cast and transposed there
+@partial(jax.jit, static_argnums=1)
 def _served_kernel(w, quantize):
     w = jnp.swapaxes(w.astype(jnp.float32), -1, -2)                            # stacked layers keep their leading axis
     if quantize != "int8": return w.astype(dtype_of(quantize or "float32")), None
     q, scale = quantize_rows(w)
     return q, scale[..., 0]
 
+# %% ../nbs/04_layers.ipynb #d5830dea
 @patch_to(Linear)
 def serve(self: Linear, quantize: str | None = None, kernel=None) -> Linear:
     "Store the kernel `[out, in]` for generating: float32 (`None`), `'bfloat16'`, or `'int8'` with a scale per output channel.\n\n"
@@ -178,10 +184,12 @@ class Norm(nnx.Module):
     "LayerNorm (`kind='layernorm'`) or RMSNorm (`kind='rmsnorm'`) over the last axis, computed in float32."
     def __init__(self, dim: int, *, kind: str = "layernorm", eps: float = 1e-5, use_scale: bool = True,
                  use_bias: bool = True, dtype="float32", param_dtype="float32", rngs: nnx.Rngs):
-        if kind not in ("layernorm", "rmsnorm"): raise ValueError(f"Norm: kind must be 'layernorm' or 'rmsnorm', got {kind!r}")
+        if kind not in ("layernorm", "rmsnorm"): raise ValueError("Norm: kind must be 'layernorm' or 'rmsnorm', got "
+                                                                  f"{kind!r}")
         self.kind, self.eps, self.dtype = kind, eps, dtype_of(dtype)
         self.scale = param(rngs, nnx.initializers.ones, (dim,), ("norm",), param_dtype) if use_scale else None
-        self.bias = param(rngs, nnx.initializers.zeros, (dim,), ("norm",), param_dtype) if use_bias and kind == "layernorm" else None
+        self.bias = param(rngs, nnx.initializers.zeros, (dim,),
+                          ("norm",), param_dtype) if use_bias and kind == "layernorm" else None
 
     def __call__(self, x):
         x32 = x.astype(jnp.float32)
@@ -204,7 +212,8 @@ class Conv(nnx.Module):
 
     def __call__(self, x):
         pad = self.padding if isinstance(self.padding, str) else tuple(tuple(p) for p in self.padding)
-        y = jax.lax.conv_general_dilated(x.astype(self.dtype), self.kernel[...].astype(self.dtype), (self.stride,) * 2, pad,
+        y = jax.lax.conv_general_dilated(x.astype(self.dtype), self.kernel[...].astype(self.dtype), (self.stride,) * 2,
+                                         pad,
                                          dimension_numbers=("NHWC", "HWIO", "NHWC"))
         return y + self.bias[...].astype(self.dtype) if self.bias is not None else y
 

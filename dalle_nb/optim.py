@@ -47,7 +47,8 @@ def make_optimizer(cfg: StageConfig) -> optax.GradientTransformation:
     if cfg.optimizer == "adam":
         opt = optax.adamw(lr, b1=cfg.b1, b2=cfg.b2, weight_decay=cfg.weight_decay, mask=decay_mask)
     elif cfg.optimizer == "adafactor":
-        opt = optax.adafactor(lr, decay_rate=cfg.b2, momentum=cfg.b1 or None, weight_decay_rate=cfg.weight_decay or None)
+        opt = optax.adafactor(lr, decay_rate=cfg.b2, momentum=cfg.b1 or None,
+                              weight_decay_rate=cfg.weight_decay or None)
     elif cfg.optimizer == "shampoo":
         from dalle_nb import shampoo    # written in its own notebook
         opt = shampoo.shampoo_from_config(cfg, lr)

@@ -21,8 +21,12 @@ class PodError(ValueError):
     "A pod request refused before anything ran (a bad name, a missing wheel, a failed gcloud call)."
 
 _RULES = {
-    "pod name": (r"[a-z](?:[-a-z0-9]{0,61}[a-z0-9])?", "lowercase letters, digits and hyphens, starting with a letter, not ending with a hyphen, at most 63 characters"),
-    "run name": (r"[a-z0-9](?:[-_a-z0-9]{0,61}[a-z0-9])?", "lowercase letters, digits, '-' and '_', starting and ending with a letter or digit, at most 63 characters"),
+    "pod name": (r"[a-z](?:[-a-z0-9]{0,61}[a-z0-9])?",
+                 "lowercase letters, digits and hyphens, starting with a letter, not ending with a hyphen, at most 63 "
+                 "characters"),
+    "run name": (r"[a-z0-9](?:[-_a-z0-9]{0,61}[a-z0-9])?",
+                 "lowercase letters, digits, '-' and '_', starting and ending with a letter or digit, at most 63 "
+                 "characters"),
     "zone": (r"[a-z]+-[a-z]+[0-9]+-[a-z]", "like europe-west4-a"),
     "accelerator type": (r"v[0-9]+[a-z]*-[0-9]+", "like v3-256"),
     "runtime version": (r"[a-z0-9][-a-z0-9._]{0,62}", "like tpu-ubuntu2204-base"),
@@ -62,7 +66,8 @@ class PodSpec:
         if self.project is not None: check_name("project", self.project)
         if self.provisioning not in ("spot", "preemptible", "standard"):
             raise PodError(f"provisioning {self.provisioning!r}: choose spot, preemptible or standard")
-        if not re.fullmatch(r"python3\.[0-9]+", self.python): raise PodError(f"python {self.python!r}: expected like python3.11")
+        if not re.fullmatch(r"python3\.[0-9]+", self.python): raise PodError(f"python {self.python!r}: expected like "
+                                                                             "python3.11")
 
     @property
     def workers(self) -> int:
@@ -153,10 +158,12 @@ class Shell:
     def __call__(self, argv, capture: bool = False, check: bool = True) -> Result:
         if self.echo: self.echo("$ " + shlex.join(argv))
         try: r = subprocess.run(list(argv), capture_output=capture, text=True)
-        except FileNotFoundError: raise PodError(f"{argv[0]}: command not found (install the Google Cloud CLI for gcloud)") from None
+        except FileNotFoundError: raise PodError(f"{argv[0]}: command not found (install the Google Cloud CLI for "
+                                                 "gcloud)") from None
         if check and r.returncode:
             why = (r.stderr or "").strip().splitlines()[-1:] if capture else []
-            raise PodError(f"`{shlex.join(argv)[:200]}` failed with exit status {r.returncode}{': ' + why[0] if why else ''}")
+            raise PodError(f"`{shlex.join(argv)[:200]}` failed with exit status "
+                           f"{r.returncode}{': ' + why[0] if why else ''}")
         return Result(r.returncode, r.stdout or "", r.stderr or "")
 
 # %% ../nbs/16_pod.ipynb #af7defe0
@@ -196,11 +203,13 @@ def worker_start(run: str, argv, directory=f"~/{RUNS_DIR}", env=None) -> int:
     "Start `argv` detached (log, pid and exit code in `directory`); refuses if `run` is already running here. Returns the pid."
     log, pid, code = _files(run, directory)
     log.parent.mkdir(parents=True, exist_ok=True)
-    if worker_status(run, directory) == "running": raise PodError(f"run {run} is already running here (pid {pid.read_text().strip()})")
+    if worker_status(run, directory) == "running": raise PodError(f"run {run} is already running here (pid "
+                                                                  f"{pid.read_text().strip()})")
     code.unlink(missing_ok=True)
     with open(log, "ab") as f:
         f.write(f"=== {time.strftime('%Y-%m-%d %H:%M:%S')} {shlex.join(argv)}\n".encode()); f.flush()
-        p = subprocess.Popen([sys.executable, "-c", "from dalle_nb.pod import _supervise; _supervise()", str(log.parent), run, *argv],
+        p = subprocess.Popen([sys.executable, "-c", "from dalle_nb.pod import _supervise; _supervise()",
+                              str(log.parent), run, *argv],
                              stdin=subprocess.DEVNULL, stdout=f, stderr=subprocess.STDOUT, start_new_session=True, env=env)
     pid.write_text(f"{p.pid}\n")
     return p.pid
@@ -230,29 +239,35 @@ def source_root() -> Path | None:
     "The source checkout this package runs from (the folder with pyproject.toml and dalle_nb/), or None for an installed wheel."
     try: here = Path(__file__).resolve().parent
     except NameError: here = Path.cwd()                     # run inside the notebook
-    return next((d for d in (here, *here.parents) if (d / "pyproject.toml").exists() and (d / "dalle_nb").is_dir()), None)
+    return next((d for d in (here, *here.parents) if (d / "pyproject.toml").exists() and (d / "dalle_nb").is_dir()),
+                None)
 
 def build_wheel(out_dir, root=None, runner=None) -> Path:
     "Build a wheel of this package from its source checkout (`pip wheel --no-deps`) into `out_dir`; returns its path."
     root = Path(root) if root else source_root() or Path(".")
     if not (root / "pyproject.toml").exists():
-        raise PodError(f"no source checkout at {root} (dalle_nb is installed without its sources): build a wheel and pass --wheel PATH")
+        raise PodError(f"no source checkout at {root} (dalle_nb is installed without its sources): build a wheel and "
+                       "pass --wheel PATH")
     runner = runner or Shell()
     out_dir, dry = Path(out_dir), getattr(runner, "dry", False)
     if not dry: out_dir.mkdir(parents=True, exist_ok=True)
     before = set(out_dir.glob("dalle_nb-*.whl"))
     runner([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(out_dir), str(root)])
     if dry: return out_dir / "dalle_nb-VERSION-py3-none-any.whl"
-    new = sorted(set(out_dir.glob("dalle_nb-*.whl")) - before) or sorted(out_dir.glob("dalle_nb-*.whl"), key=lambda p: p.stat().st_mtime)
+    new = sorted(set(out_dir.glob("dalle_nb-*.whl")) - before) or sorted(out_dir.glob("dalle_nb-*.whl"),
+                                                                         key=lambda p: p.stat().st_mtime)
     if not new: raise PodError(f"pip wheel wrote no dalle_nb wheel into {out_dir}")
     return new[-1]
 
 def _gcsfuse_setup(bucket: str) -> str:
     "Shell text that installs gcsfuse if needed and mounts `bucket` at /mnt/gcs/<bucket> (bucket validated)."
     b, mnt = check_name("bucket", bucket), shlex.quote(f"{GCS_ROOT}/{bucket}")
-    return ("(command -v gcsfuse >/dev/null || (curl -fsSL https://packages.cloud.google.com/apt/doc/apt-key.gpg | sudo tee /usr/share/keyrings/cloud.google.asc >/dev/null"
-            " && echo \"deb [signed-by=/usr/share/keyrings/cloud.google.asc] https://packages.cloud.google.com/apt gcsfuse-$(lsb_release -c -s) main\""
-            " | sudo tee /etc/apt/sources.list.d/gcsfuse.list >/dev/null && sudo apt-get update -qq && sudo apt-get install -y -qq gcsfuse))"
+    return ("(command -v gcsfuse >/dev/null || (curl -fsSL https://packages.cloud.google.com/apt/doc/apt-key.gpg | "
+            "sudo tee /usr/share/keyrings/cloud.google.asc >/dev/null"
+            " && echo \"deb [signed-by=/usr/share/keyrings/cloud.google.asc] https://packages.cloud.google.com/apt "
+            "gcsfuse-$(lsb_release -c -s) main\""
+            " | sudo tee /etc/apt/sources.list.d/gcsfuse.list >/dev/null && sudo apt-get update -qq && sudo apt-get "
+            "install -y -qq gcsfuse))"
             f" && sudo mkdir -p {mnt} && sudo chown \"$USER\" {mnt}"
             f" && (mountpoint -q {mnt} || gcsfuse --implicit-dirs --rename-dir-limit=1000000 {shlex.quote(b)} {mnt})")
 
@@ -265,7 +280,8 @@ class TPUPod:
     def gcloud(self, verb: str, *args) -> list[str]:
         "`gcloud compute tpus tpu-vm VERB ARGS --zone=… [--project=…]`."
         s = self.spec
-        return ["gcloud", "compute", "tpus", "tpu-vm", verb, *args, f"--zone={s.zone}", *([f"--project={s.project}"] if s.project else [])]
+        return ["gcloud", "compute", "tpus", "tpu-vm", verb, *args, f"--zone={s.zone}",
+                *([f"--project={s.project}"] if s.project else [])]
 
     def ssh(self, command: str, worker="all") -> list[str]:
         "ssh into `worker` (a number or 'all') and run the shell `command` there."
@@ -279,13 +295,15 @@ def create(self: TPUPod):
     "Create the pod (spot/preemptible as the spec says)."
     s = self.spec
     extra = {"spot": ["--spot"], "preemptible": ["--preemptible"], "standard": []}[s.provisioning]
-    return self.run(self.gcloud("create", s.name, f"--accelerator-type={s.accelerator}", f"--version={s.version}", *extra))
+    return self.run(self.gcloud("create", s.name, f"--accelerator-type={s.accelerator}", f"--version={s.version}",
+                                *extra))
 
 @patch
 def setup(self: TPUPod, wheel, mounts=()):
     "Install `wheel` (a path to a dalle_nb wheel) with its `tpu` extra on every worker; mount GCS buckets `mounts`."
     wheel = Path(wheel)
-    if not re.fullmatch(r"dalle_nb-[A-Za-z0-9_.+!-]+\.whl", wheel.name): raise PodError(f"{wheel}: not a dalle_nb wheel file")
+    if not re.fullmatch(r"dalle_nb-[A-Za-z0-9_.+!-]+\.whl", wheel.name): raise PodError(f"{wheel}: not a dalle_nb "
+                                                                                        "wheel file")
     if not getattr(self.run, "dry", False) and not wheel.exists(): raise PodError(f"{wheel}: no such file")
     py, venv = self.spec.python, f"$HOME/{VENV}"
     install = (f"sudo apt-get update -qq && sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -qq {py} {py}-venv"
@@ -315,7 +333,8 @@ def logs(self: TPUPod, run: str, worker=0, lines: int = 100, follow: bool = True
 @patch
 def run_status(self: TPUPod, run: str) -> str:
     "The run's status on worker 0: `running`, `exit N`, `absent` (or `unknown` when the worker cannot be reached)."
-    r = self.run(self.ssh(remote(["dalle-nb", "pod", "worker-status", "--run", check_name("run name", run)]), worker=0), capture=True, check=False)
+    r = self.run(self.ssh(remote(["dalle-nb", "pod", "worker-status", "--run", check_name("run name", run)]), worker=0),
+                 capture=True, check=False)
     out = r.stdout.strip().splitlines()
     return out[-1] if r.returncode == 0 and out else "unknown"
 
@@ -337,7 +356,8 @@ def list(self: TPUPod) -> list[dict]:
     "The TPU VMs in the zone: `[{'name', 'state', 'accelerator'}]`."
     r = self.run(self.gcloud("list", "--format=json"), capture=True)
     rows = json.loads(r.stdout) if r.stdout.strip() else []
-    return [{"name": x.get("name", "").rsplit("/", 1)[-1], "state": x.get("state", ""), "accelerator": x.get("acceleratorType", "")} for x in rows]
+    return [{"name": x.get("name", "").rsplit("/", 1)[-1], "state": x.get("state", ""),
+             "accelerator": x.get("acceleratorType", "")} for x in rows]
 
 # %% ../nbs/16_pod.ipynb #08754e32
 GONE = ("PREEMPTED", "TERMINATED", "STOPPED", "NOT_FOUND")
@@ -345,7 +365,8 @@ GONE = ("PREEMPTED", "TERMINATED", "STOPPED", "NOT_FOUND")
 def watch(pod: TPUPod, job: TrainJob, wheel, max_restarts: int = 10, poll: float = 300.0, sleep=time.sleep, say=print,
           max_polls: int | None = None) -> str:
     "Keep `job` running on `pod` through preemptions (at most `max_restarts` relaunches). Returns 'done', or why it gave up."
-    if not getattr(pod.run, "dry", False) and not Path(wheel).exists(): raise PodError(f"{wheel}: no such file (watch reinstalls it on new pods)")
+    if not getattr(pod.run, "dry", False) and not Path(wheel).exists(): raise PodError(f"{wheel}: no such file (watch "
+                                                                                       "reinstalls it on new pods)")
     if getattr(pod.run, "dry", False):
         say("# check:"); pod.state(); pod.run_status(job.run)
         say("# on PREEMPTED / TERMINATED / NOT_FOUND:"); pod.delete(); pod.create(); pod.setup(wheel, job.buckets); pod.launch(job)
@@ -391,7 +412,8 @@ def _exe() -> str:
 class LocalPod:
     "N processes on localhost with D fake CPU devices each, joined by `jax.distributed`: a pod without a pod."
     def __init__(self, root, processes: int = 2, devices: int = 2, dry_run: bool = False, say=print):
-        if processes < 1 or devices < 1: raise PodError(f"LocalPod needs processes >= 1 and devices >= 1, got {processes}, {devices}")
+        if processes < 1 or devices < 1: raise PodError("LocalPod needs processes >= 1 and devices >= 1, got "
+                                                        f"{processes}, {devices}")
         self.root, self.processes, self.devices, self.dry_run, self.say = Path(root), processes, devices, dry_run, say
 
     def worker_dir(self, i: int) -> Path: return self.root / f"worker-{i}"
@@ -402,7 +424,8 @@ class LocalPod:
 
     def env(self, job: TrainJob) -> dict:
         "The environment of every process: D fake CPU devices, unbuffered output, the job's variables."
-        return {**os.environ, "XLA_FLAGS": f"--xla_force_host_platform_device_count={self.devices}", "JAX_PLATFORMS": "cpu",
+        return {**os.environ, "XLA_FLAGS": f"--xla_force_host_platform_device_count={self.devices}",
+                "JAX_PLATFORMS": "cpu",
                 "PYTHONUNBUFFERED": "1", **dict(job.env)}
 
     def launch(self, job: TrainJob, port: int | None = None) -> list:

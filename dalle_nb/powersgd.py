@@ -42,7 +42,8 @@ def compressible(shape, rank: int) -> bool:
 
 def mean_reduction() -> GradReduction:
     "The uncompressed all-reduce: every gradient's mean over the replicas (what PowerSGD replaces)."
-    return GradReduction(lambda params, replicas: optax.EmptyState(), lambda g, s: (jax.tree.map(lambda x: x.mean(0), g), s))
+    return GradReduction(lambda params, replicas: optax.EmptyState(), lambda g,
+                         s: (jax.tree.map(lambda x: x.mean(0), g), s))
 
 # %% ../nbs/19a_powersgd.ipynb #02d41ced
 def powersgd(rank: int, error_feedback: bool = True, seed: int = 0) -> GradReduction:

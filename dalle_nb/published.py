@@ -53,20 +53,23 @@ def load_clip(directory) -> tuple[CLIP, TextEncoder]:
     from tokenizers import Tokenizer
     directory = Path(directory)
     cfg = clip_config_from_transformers(read_json(directory / "config.json"), directory / "config.json")
-    weights = next((directory / f for f in ("model.safetensors", "pytorch_model.bin") if (directory / f).exists()), None)
+    weights = next((directory / f for f in ("model.safetensors", "pytorch_model.bin") if (directory / f).exists()),
+                   None)
     if weights is None: raise ConvertError(f"{directory}: no model.safetensors or pytorch_model.bin")
     sd = read_safetensors(weights) if weights.suffix == ".safetensors" else read_torch(weights)
     clip = build_model(CLIP, cfg, clip_from_transformers(sd, cfg, weights), weights)
     try:
         if (directory / "tokenizer.json").exists(): tok = Tokenizer.from_file(str(directory / "tokenizer.json"))
-        elif (directory / "vocab.json").exists(): tok = clip_tokenizer(directory / "vocab.json", directory / "merges.txt")
+        elif (directory / "vocab.json").exists(): tok = clip_tokenizer(directory / "vocab.json",
+                                                                       directory / "merges.txt")
         else: raise ConvertError(f"{directory}: no tokenizer.json, nor vocab.json + merges.txt, for CLIP's text")
         text = TextEncoder(tok, max_len=cfg.text_len, normalizer="none")
     except TokenizerFileError as e: raise ConvertError(str(e)) from None
     except Exception as e:
         if isinstance(e, ConvertError): raise
         raise ConvertError(f"{directory / 'tokenizer.json'}: not a readable tokenizer ({type(e).__name__})") from None
-    if text.vocab_size > cfg.text_vocab: raise ConvertError(f"{directory}: CLIP's tokenizer has {text.vocab_size} tokens but its text embedding {cfg.text_vocab} rows")
+    if text.vocab_size > cfg.text_vocab: raise ConvertError(f"{directory}: CLIP's tokenizer has {text.vocab_size} "
+                                                            f"tokens but its text embedding {cfg.text_vocab} rows")
     return clip, text
 
 # %% ../nbs/09b_published.ipynb #cf58c87f
@@ -74,7 +77,9 @@ def load_vqgan_flax(directory) -> VQGAN:
     "dalle-mini's VQGAN folder (`flax_model.msgpack` + `config.json`) → our VQGAN (encoder and decoder)."
     directory = Path(directory)
     cfg = vqgan_config_from_flax(read_json(directory / "config.json"), directory / "config.json")
-    return build_model(VQGAN, cfg, vqgan_from_flax(read_flax(directory / "flax_model.msgpack"), cfg, directory / "flax_model.msgpack"),
+    return build_model(VQGAN, cfg,
+                       vqgan_from_flax(read_flax(directory / "flax_model.msgpack"), cfg,
+                                                   directory / "flax_model.msgpack"),
                        directory / "flax_model.msgpack")
 
 def _run_config(name: str, vqgan: VQGAN, bart_cfg: BartConfig, clip: CLIP | None) -> RunConfig:
@@ -85,24 +90,29 @@ def _run_config(name: str, vqgan: VQGAN, bart_cfg: BartConfig, clip: CLIP | None
     except ValueError as e: raise ConvertError(f"the VQGAN does not fit the BART: {e}") from None
 
 # %% ../nbs/09b_published.ipynb #c5d3056d
-def load_min_dalle(directory, vqgan=None, clip=None, heads: int | None = None, vqgan_cfg: VQGANConfig | None = None) -> Models:
+def load_min_dalle(directory, vqgan=None, clip=None, heads: int | None = None,
+                   vqgan_cfg: VQGANConfig | None = None) -> Models:
     "min-dalle's folder (`encoder.pt`, `decoder.pt`, `vocab.json`, `merges.txt`; `detoker.pt` here or in `../vqgan`) → `Models`."
     directory = Path(directory)
     if not directory.is_dir(): raise ConvertError(f"{directory}: no such directory")
     enc, dec = read_torch(directory / "encoder.pt"), read_torch(directory / "decoder.pt")
     if vqgan is not None: vq = load_vqgan_flax(vqgan)
     else:
-        detok = next((p for p in (directory / "detoker.pt", directory.parent / "vqgan" / "detoker.pt") if p.exists()), None)
-        if detok is None: raise ConvertError(f"{directory}: no detoker.pt here or in ../vqgan; pass the VQGAN (dalle-mini's Flax VQGAN folder)")
+        detok = next((p for p in (directory / "detoker.pt", directory.parent / "vqgan" / "detoker.pt") if p.exists()),
+                     None)
+        if detok is None: raise ConvertError(f"{directory}: no detoker.pt here or in ../vqgan; pass the VQGAN "
+                                             "(dalle-mini's Flax VQGAN folder)")
         vcfg = vqgan_cfg or replace(F16_VQGAN, decoder_only=True)
         vq = build_model(VQGAN, vcfg, vqgan_from_min_dalle(read_torch(detok), vcfg, detok), detok)
     cfg = min_dalle_config(enc, dec, heads=heads, image_codes=vq.cfg.n_embed, source=directory / "encoder.pt")
-    bart = build_model(DalleBart, cfg, bart_from_min_dalle(enc, dec, cfg, (directory / "encoder.pt", directory / "decoder.pt")),
+    bart = build_model(DalleBart, cfg,
+                       bart_from_min_dalle(enc, dec, cfg, (directory / "encoder.pt", directory / "decoder.pt")),
                        directory / "decoder.pt")
     text = _text_encoder(directory, cfg)
     clip_model, clip_text = load_clip(clip) if clip is not None else (None, None)
     name = {1024: "mini", 2048: "mega"}.get(cfg.d_model, "bart")
-    return Models(_run_config(f"min-dalle-{name}", vq, cfg, clip_model), text, vq, bart, clip_model, clip_text=clip_text)
+    return Models(_run_config(f"min-dalle-{name}", vq, cfg, clip_model), text, vq, bart, clip_model,
+                  clip_text=clip_text)
 
 # %% ../nbs/09b_published.ipynb #f55eb5a1
 def load_dalle_mini(directory, vqgan, clip=None, scan_layers: bool = True) -> Models:
@@ -117,20 +127,27 @@ def load_dalle_mini(directory, vqgan, clip=None, scan_layers: bool = True) -> Mo
     text = _text_encoder(directory, cfg)
     clip_model, clip_text = load_clip(clip) if clip is not None else (None, None)
     name = {1024: "mini", 2048: "mega"}.get(cfg.d_model, "bart")
-    return Models(_run_config(f"dalle-mini-{name}", vq, cfg, clip_model), text, vq, bart, clip_model, clip_text=clip_text)
+    return Models(_run_config(f"dalle-mini-{name}", vq, cfg, clip_model), text, vq, bart, clip_model,
+                  clip_text=clip_text)
 
 # %% ../nbs/09b_published.ipynb #c9a74922
 SOURCES = ("min-dalle", "dalle-mini")
 
-def convert(source: str, directory, out, vqgan=None, clip=None, dtype: str = "float32", heads: int | None = None) -> Path:
+def convert(source: str, directory, out, vqgan=None, clip=None, dtype: str = "float32",
+            heads: int | None = None) -> Path:
     "Convert a published set (`source` = 'min-dalle' or 'dalle-mini') into our model directory `out`."
     if source not in SOURCES: raise ConvertError(f"unknown source {source!r}; choose from {', '.join(SOURCES)}")
-    if dtype not in ("float32", "float16", "bfloat16"): raise ConvertError(f"dtype must be float32, float16 or bfloat16, got {dtype!r}")
+    if dtype not in ("float32",
+                     "float16", "bfloat16"): raise ConvertError("dtype must be float32, float16 or bfloat16, got "
+                                                                f"{dtype!r}")
     if source == "min-dalle": models = load_min_dalle(directory, vqgan=vqgan, clip=clip, heads=heads)
     else:
-        if vqgan is None: raise ConvertError("dalle-mini's layout keeps the VQGAN in its own folder: pass it (vqgan=DIR, --vqgan DIR)")
+        if vqgan is None: raise ConvertError("dalle-mini's layout keeps the VQGAN in its own folder: pass it "
+                                             "(vqgan=DIR, --vqgan DIR)")
         models = load_dalle_mini(directory, vqgan, clip)
-    card = (f"# {models.cfg.name}\n\nConverted by `dalle_nb.convert` on {datetime.date.today()} from the {source} layout:\n\n"
-            f"- BART: `{Path(directory).resolve()}`\n- VQGAN: `{Path(vqgan).resolve() if vqgan else 'detoker.pt (decoder only)'}`\n"
+    card = (f"# {models.cfg.name}\n\nConverted by `dalle_nb.convert` on {datetime.date.today()} from the {source} "
+            "layout:\n\n"
+            f"- BART: `{Path(directory).resolve()}`\n- VQGAN: "
+            f"`{Path(vqgan).resolve() if vqgan else 'detoker.pt (decoder only)'}`\n"
             f"- CLIP: `{Path(clip).resolve() if clip else 'none (no reranking)'}`\n\nParameters stored as {dtype}.\n")
     return save_models(out, models, card=card, dtype=dtype)

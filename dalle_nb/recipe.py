@@ -46,6 +46,7 @@ def _train_seconds(history: list) -> float:
         last = s
     return total + last
 
+# %% ../nbs/15b_recipe.ipynb #0a31653c
 def _card(cfg: RunConfig, hists: dict, command: str, prev: str = "") -> str:
     "Model card: every command that built the model (oldest first) and one row per stage; rows of stages not retrained are kept from `prev`."
     stages = STAGES
@@ -66,7 +67,8 @@ def _card(cfg: RunConfig, hists: dict, command: str, prev: str = "") -> str:
         sc, h = getattr(cfg, f"{stage}_train"), hists[stage]
         last = h[-1] if h else {}
         val = ", ".join(f"{k[4:]} {v:.4g}" for k, v in last.items() if k.startswith("val_"))
-        lines.append(f"| {stage} | {sc.steps} | {sc.batch_size} | {sc.optimizer} | {_train_seconds(h) / 60:.1f} | {last.get('loss', float('nan')):.4f} | {val} |")
+        lines.append(f"| {stage} | {sc.steps} | {sc.batch_size} | {sc.optimizer} | {_train_seconds(h) / 60:.1f} | "
+                     f"{last.get('loss', float('nan')):.4f} | {val} |")
     return "\n".join(lines) + "\n"
 
 # %% ../nbs/15b_recipe.ipynb #f89ec11a
@@ -77,11 +79,13 @@ def _checked_stages(cfg: RunConfig, stages, data) -> tuple:
     if bad: raise TrainSetupError(f"unknown stage(s) {sorted(bad)}; choose from {','.join(STAGES)}")
     other = set(stages) - set(stages_for(cfg))
     if other and set(stages) != set(STAGES):     # all of STAGES = "everything this config has"
-        raise TrainSetupError(f"stage(s) {', '.join(sorted(other))} do not belong to a run with arch={cfg.arch}, image_tokenizer={cfg.image_tokenizer}; "
+        raise TrainSetupError(f"stage(s) {', '.join(sorted(other))} do not belong to a run with arch={cfg.arch}, "
+                              f"image_tokenizer={cfg.image_tokenizer}; "
                               f"its stages are {','.join(stages_for(cfg))}")
     stages = tuple(s for s in stages_for(cfg) if s in stages)      # in the table's order
     if data and not set(stages) <= set(TOKEN_STAGES):
-        raise TrainSetupError(f"--data streams token shards to the {'/'.join(TOKEN_STAGES)} stages only: add --stages {cfg.arch} (stages now: {','.join(stages)})")
+        raise TrainSetupError(f"--data streams token shards to the {'/'.join(TOKEN_STAGES)} stages only: add --stages "
+                              f"{cfg.arch} (stages now: {','.join(stages)})")
     return stages
 
 def _previous(cfg: RunConfig, out: Path, stages) -> Models | None:
@@ -91,11 +95,14 @@ def _previous(cfg: RunConfig, out: Path, stages) -> Models | None:
     prev = load_models(out) if partial and (out / "config.json").exists() else None
     if prev is not None:
         missing = [s for s in needed - set(stages) if getattr(prev, s) is None]
-        if missing: raise TrainSetupError(f"the existing model in {out} has no {', '.join(sorted(missing))}: train {'those stages' if len(missing) > 1 else 'that stage'} too")
+        if missing: raise TrainSetupError(f"the existing model in {out} has no {', '.join(sorted(missing))}: train "
+                                          f"{'those stages' if len(missing) > 1 else 'that stage'} too")
         changed = [s for s in needed - set(stages) if getattr(prev.cfg, s) != getattr(cfg, s)]
-        if changed: raise TrainSetupError(f"the existing model in {out} was built with other {', '.join(changed)} settings: retrain those stages too")
+        if changed: raise TrainSetupError(f"the existing model in {out} was built with other {', '.join(changed)} "
+                                          "settings: retrain those stages too")
     elif partial:
-        raise TrainSetupError(f"--stages {','.join(stages)} needs the other stages' models in {out}: train all stages first")
+        raise TrainSetupError(f"--stages {','.join(stages)} needs the other stages' models in {out}: train all stages "
+                              "first")
     return prev
 
 # %% ../nbs/15b_recipe.ipynb #3ab7d89e
@@ -108,13 +115,16 @@ def train_all(cfg: RunConfig, workdir, stages=None, progress: bool = True, comma
     d = cfg.data
     images, captions = make_split("train", d.n_train, d.seed) if not data else (None, None)
     val_images, val_captions = make_split("val", d.n_val, d.seed) if not data else (None, None)
-    text = prev.text if prev is not None else TextEncoder(train_tokenizer(captions, vocab_size=min(cfg.text_vocab, cfg.clip.text_vocab)), cfg.text_len)
-    if text.max_len != cfg.text_len: text = TextEncoder(text.tokenizer, cfg.text_len, normalizer=text.normalizer)   # the other architecture's length
+    text = prev.text if prev is not None else TextEncoder(train_tokenizer(captions,
+                                                                          vocab_size=min(cfg.text_vocab, cfg.clip.text_vocab)), cfg.text_len)
+    # the other architecture's length
+    if text.max_len != cfg.text_len: text = TextEncoder(text.tokenizer, cfg.text_len, normalizer=text.normalizer)
     hists = {}
     m = {n: getattr(prev, n) if prev is not None else None for n in ("vqgan", "bart", "clip", "dvae", "dalle")}
     for stage in stages:
         if stage == "decoder" and cfg.decoder_train.steps == 0: continue
-        run = StageRun(stage, cfg, workdir, text, m, images, captions, val_images, val_captions, tuple(data or ()), progress)
+        run = StageRun(stage, cfg, workdir, text, m, images, captions, val_images, val_captions, tuple(data or ()),
+                       progress)
         m[STAGES[stage].model], hists[stage] = train_stage(STAGES[stage], run)
         if is_primary(): (workdir / f"history_{stage}.json").write_text(json.dumps(hists[stage]))
     m = {n: _on_host(v) for n, v in m.items()}
@@ -123,7 +133,8 @@ def train_all(cfg: RunConfig, workdir, stages=None, progress: bool = True, comma
     if is_primary():
         save_models(out, models, card=_card(cfg, hists, command or f"train_all(get_config({cfg.name!r}), ...)",
                                             prev.card if prev is not None else ""))
-        for stage, h in hists.items(): (out / f"history_{stage}.json").write_text(json.dumps(h))   # the curves travel with the model
+        # the curves travel with the model
+        for stage, h in hists.items(): (out / f"history_{stage}.json").write_text(json.dumps(h))
     if jax.process_count() > 1: multihost_utils.sync_global_devices("dalle_nb:model-directory-written")
     return out
 

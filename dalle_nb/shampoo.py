@@ -43,7 +43,8 @@ class ShampooState:
     count: jax.Array
     params: tuple
     layout: tuple = struct.field(pytree_node=False, default=())
-    names: tuple = struct.field(pytree_node=False, default=())   # as seen by `init`; used when `update` gets bare arrays
+    # as seen by `init`; used when `update` gets bare arrays
+    names: tuple = struct.field(pytree_node=False, default=())
 
 # %% ../nbs/13b_shampoo.ipynb #aa0ab2c1
 def _is_var(x): return isinstance(x, nnx.Variable)
@@ -54,7 +55,8 @@ def _arrays_and_names(tree):
     for x in jax.tree.leaves(tree, is_leaf=_is_var):
         if _is_var(x):
             v = x.get_value()
-            if not isinstance(v, optax.MaskedNode): out.append((v, x.get_metadata().get("out_sharding")))   # masked out: no leaf
+            # masked out: no leaf
+            if not isinstance(v, optax.MaskedNode): out.append((v, x.get_metadata().get("out_sharding")))
         else: out.append((x, None))
     return out
 
@@ -77,7 +79,8 @@ def _on_each_device(f, stack):
     axes = _precond_axes()
     if not axes: return f(stack)
     spec = P(axes)
-    return jax.shard_map(f, mesh=jax.sharding.get_abstract_mesh(), in_specs=spec, out_specs=spec, check_vma=False)(stack)
+    return jax.shard_map(f, mesh=jax.sharding.get_abstract_mesh(), in_specs=spec, out_specs=spec,
+                         check_vma=False)(stack)
 
 def _constrain_fit(x, axes):
     "`constrain`, except that a dimension the mesh axes would not split evenly stays whole (as `fit_spec` lays out the state)."
@@ -85,7 +88,8 @@ def _constrain_fit(x, axes):
     if not rules or mesh.empty: return x
     return lax.with_sharding_constraint(x, fit_spec(logical_to_spec(axes, rules), x.shape, mesh))
 
-MATRIX_AXES = ("precond", None)   # a statistic's or root's rows are split over every device; `layers` goes in front when stacked
+# a statistic's or root's rows are split over every device; `layers` goes in front when stacked
+MATRIX_AXES = ("precond", None)
 
 # %% ../nbs/13b_shampoo.ipynb #600d1b09
 def _contracted_axis(shape, axis: int, n: int, names) -> tuple[int, tuple] | None:
@@ -109,7 +113,8 @@ def split_gram(g, axis: int, precision=None, names=None):
     axes, spec = _precond_axes(), [None] * g.ndim
     spec[c] = order
     body = lambda x: lax.psum_scatter(gram(x, axis, precision), axes, scatter_dimension=0, tiled=True)
-    return jax.shard_map(body, mesh=jax.sharding.get_abstract_mesh(), in_specs=P(*spec), out_specs=P(axes, None), check_vma=False)(g)
+    return jax.shard_map(body, mesh=jax.sharding.get_abstract_mesh(), in_specs=P(*spec), out_specs=P(axes, None),
+                         check_vma=False)(g)
 
 # %% ../nbs/13b_shampoo.ipynb #c6fbe553
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -139,7 +144,8 @@ class _Shampoo:
     def plans_of(self, tree, known=()):
         "Each parameter's plan; names missing from `tree` (bare arrays, as `nnx.Optimizer.update` passes) come from `known`."
         items = _arrays_and_names(tree)
-        if known and len(known) == len(items): items = [(x, n if n is not None else k) for (x, n), k in zip(items, known)]
+        if known and len(known) == len(items): items = [(x,
+                                                         n if n is not None else k) for (x, n), k in zip(items, known)]
         return [make_plan(x.shape, names, **dict(self.layout)) for x, names in items]
 
 def _per_layer(plan, f):
@@ -180,7 +186,8 @@ def refresh_roots(self: _Shampoo, states, plans):
         pad = -count % shards
         if pad: mats = jnp.concatenate([mats, jnp.broadcast_to(jnp.eye(n, dtype=mats.dtype), (pad, n, n))])
         mats = constrain(mats, ("precond", None, None))          # whole matrices, `count / devices` on each
-        roots_of = jax.vmap(lambda m: inverse_pth_root(m, p, ridge=self.matrix_epsilon, precision=self.prec, method=self.root_method))
+        roots_of = jax.vmap(lambda m: inverse_pth_root(m, p, ridge=self.matrix_epsilon, precision=self.prec,
+                                                       method=self.root_method))
         new, err = _on_each_device(roots_of, mats)
         new = _constrain_fit(new, rows)                          # back to split rows: never gathered
         at = 0
@@ -222,12 +229,15 @@ def update(self: _Shampoo, grads, state: ShampooState, params=None):
     plans = self.plans_of(src, state.names)
     gs = [jnp.asarray(g, jnp.float32) for g, _ in _arrays_and_names(grads)]
     xs = [x for x, _ in _arrays_and_names(src)]
-    if len(gs) != len(state.params): raise ValueError(f"distributed_shampoo: {len(gs)} gradients for a state of {len(state.params)} parameters")
+    if len(gs) != len(state.params): raise ValueError(f"distributed_shampoo: {len(gs)} gradients for a state of "
+                                                      f"{len(state.params)} parameters")
     count = state.count
     lr = self.learning_rate(count) if callable(self.learning_rate) else self.learning_rate
     states = []                                                              # 1. statistics
     for g, st, plan in zip(gs, state.params, plans):
-        stats = _per_layer(plan, lambda s, g, plan=plan: new_statistics(s, g, plan, self.b2, self.sprec, partial(split_gram, names=plan.names)))(st.stats, g) if st.stats else ()
+        stats = _per_layer(plan, lambda s, g,
+                           plan=plan: new_statistics(s, g, plan, self.b2, self.sprec,
+                                                                        partial(split_gram, names=plan.names)))(st.stats, g) if st.stats else ()
         lead = ("layers",) if plan.layers else ()
         states.append(st._replace(stats=tuple(_constrain_fit(x, lead + MATRIX_AXES) for x in stats)))
     old = [st.roots for st in states]                                        # 2. preconditioners, every N steps
@@ -259,9 +269,11 @@ def distributed_shampoo(learning_rate, block_size: int = 2048, *, b1: float = 0.
     """Distributed Shampoo as an optax transformation (hyper-parameters named as in Google's reference).
     `learning_rate` is a float or a schedule of the step count; the update is `-lr * direction`."""
     if graft not in GRAFTS: raise ValueError(f"distributed_shampoo: graft must be one of {GRAFTS}, got {graft!r}")
-    if preconditioning_compute_steps < 1: raise ValueError("distributed_shampoo: preconditioning_compute_steps must be >= 1")
+    if preconditioning_compute_steps < 1: raise ValueError("distributed_shampoo: preconditioning_compute_steps must "
+                                                           "be >= 1")
     prec, sprec = lax_precision(precision), lax_precision(stats_precision) if stats_precision is not None else None
-    layout = (("block_size", block_size), ("merge_max", merge_small_dims_block_size), ("skip_dim_gt", skip_preconditioning_dim_size_gt),
+    layout = (("block_size", block_size), ("merge_max", merge_small_dims_block_size),
+              ("skip_dim_gt", skip_preconditioning_dim_size_gt),
               ("skip_rank_lt", skip_preconditioning_rank_lt), ("merge", merge_small_dims))
     h = _Shampoo(learning_rate, b1, b2, diagonal_epsilon, matrix_epsilon, weight_decay, start_preconditioning_step,
                  preconditioning_compute_steps, graft, nesterov, 1.0 - b1 if moving_average_for_momentum else 1.0,

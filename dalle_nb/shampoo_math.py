@@ -102,6 +102,7 @@ def _mat_pow(m, p: int, mm):
         if p: m = mm(m, m)
     return out
 
+# %% ../nbs/13a_shampoo_math.ipynb #69ec23cf
 def _newton_root(a, p: int, ridge, iters, tol, mm):
     "`(a + ridge·I)^(-1/p)` by the coupled Newton iteration, and its final error; retried with a 10× larger ridge (up to 6 times) while the error exceeds 0.05."
     n = a.shape[-1]
@@ -166,6 +167,7 @@ class Plan(NamedTuple):
     @property
     def exponent(self) -> int: return 2 * len(self.merged)
 
+# %% ../nbs/13a_shampoo_math.ipynb #5f8ebfe4
 def make_plan(shape, names=None, *, block_size: int = 2048, merge_max: int = 4096, skip_dim_gt: int = 4096,
               skip_rank_lt: int = 1, merge: bool = True) -> Plan:
     "Work out how Shampoo treats a parameter of `shape` with logical axis `names` (or None)."

@@ -172,7 +172,8 @@ def _seen(name: str, ys, xs, blob) -> Seen:
     corners = _corner_fill(blob)                                                 # full corners: square
     shape = "triangle" if top < 0.6 else "square" if corners > 0.5 or fill > 0.93 else "circle"
     size = "small" if max(h, w) < 20 else "large"
-    return Seen(name, shape, size, float(xs.mean()) + 0.5, float(ys.mean()) + 0.5, len(ys), round(fill, 3), round(top, 3))
+    return Seen(name, shape, size, float(xs.mean()) + 0.5, float(ys.mean()) + 0.5, len(ys), round(float(fill), 3),
+                round(top, 3))
 
 # %% ../nbs/03_shapes.ipynb #bf70a844
 def detect(image, max_dist: float = 110.0, min_area: int = 20) -> list[Seen]:
@@ -180,7 +181,8 @@ def detect(image, max_dist: float = 110.0, min_area: int = 20) -> list[Seen]:
     img = np.asarray(image)
     if img.dtype != np.uint8: img = (np.clip(img, 0, 1) * 255).round()
     img = img.astype(np.float32)
-    if img.ndim != 3 or img.shape[-1] != 3: raise ValueError(f"detect: expected an [H, W, 3] image, got shape {img.shape}")
+    if img.ndim != 3 or img.shape[-1] != 3: raise ValueError("detect: expected an [H, W, 3] image, got shape "
+                                                             f"{img.shape}")
     best, ok = _nearest_colour(img, max_dist)
     counts = np.bincount(best[ok], minlength=len(_NAMES))
     found = []
@@ -216,7 +218,8 @@ def parse_caption(caption: str) -> Spec:
     text = " ".join(str(caption).lower().replace(",", " ").replace(".", " ").split())
     m = _CAPTION.match(text)
     if m is None:
-        raise ValueError(f"not a shapes caption: {caption!r} (expected e.g. 'a small red circle' or 'a red circle above a blue square')")
+        raise ValueError(f"not a shapes caption: {caption!r} (expected e.g. 'a small red circle' or 'a red circle "
+                         "above a blue square')")
     s1, c1, h1, lr, ab, s2, c2, h2 = m.groups()
     objs = (Want(c1, h1, s1),) + ((Want(c2, h2, s2),) if c2 else ())
     rel = None if not c2 else ("to the " + lr) if lr else ab
@@ -281,7 +284,8 @@ def corrupt_caption(caption: str, rng, kind: str, exclude=()) -> str | None:
         objs[j] = replace(objs[j], size="large" if objs[j].size == "small" else "small")
     elif kind == "relation":
         if rel is None: return None
-        rel = {"to the left of": "to the right of", "to the right of": "to the left of", "above": "below", "below": "above"}[rel]
+        rel = {"to the left of": "to the right of", "to the right of": "to the left of", "above": "below",
+               "below": "above"}[rel]
     else: raise ValueError(f"unknown corruption {kind!r}")
     phrase = lambda o: ("a " + (f"{o.size} " if o.size else "") + f"{o.color} {o.shape}")
     return phrase(objs[0]) + (f" {rel} {phrase(objs[1])}" if len(objs) == 2 else "")

@@ -66,7 +66,8 @@ def make_mesh(dp: int = -1, fsdp: int = 1, mp: int = 1, devices=None) -> Mesh:
     devs = jax.devices() if devices is None else list(np.asarray(devices).ravel())
     sizes = [dp, fsdp, mp]
     if sizes.count(-1) > 1: raise ValueError("make_mesh: at most one axis size may be -1")
-    if any(s == 0 or s < -1 for s in sizes): raise ValueError(f"make_mesh: axis sizes must be positive (or -1), got {sizes}")
+    if any(s == 0 or s < -1 for s in sizes): raise ValueError("make_mesh: axis sizes must be positive (or -1), got "
+                                                              f"{sizes}")
     known = int(np.prod([s for s in sizes if s != -1]))
     if -1 in sizes:
         if len(devs) % known: raise ValueError(f"make_mesh: {len(devs)} devices do not divide into {sizes}")
@@ -83,7 +84,8 @@ def mesh_from_spec(spec: str, devices=None) -> Mesh:
     if devices is None and -1 not in sizes.values():
         n = int(np.prod(list(sizes.values())))
         if jax.process_count() > 1 and n != jax.device_count():
-            raise ValueError(f"mesh {spec!r}: {n} devices, but a run of {jax.process_count()} processes must use all {jax.device_count()}")
+            raise ValueError(f"mesh {spec!r}: {n} devices, but a run of {jax.process_count()} processes must use all "
+                             f"{jax.device_count()}")
         if n < jax.device_count(): devices = jax.devices()[:n]
     return make_mesh(**sizes, devices=devices)
 
@@ -154,7 +156,8 @@ def partition_specs(state, mesh_shape: dict, rules=RULES) -> dict:
     "`{path: {'shape', 'names', 'spec'}}` for every variable of `state` on a mesh of `mesh_shape` axis sizes (no devices needed)."
     unknown = set(mesh_shape) - set(MESH_AXES)
     if unknown: raise ValueError(f"partition_specs: unknown mesh axes {sorted(unknown)}; the mesh axes are {MESH_AXES}")
-    mesh = jax.sharding.AbstractMesh(tuple(int(mesh_shape.get(a, 1)) for a in MESH_AXES), MESH_AXES, axis_types=(AxisType.Auto,) * 3)
+    mesh = jax.sharding.AbstractMesh(tuple(int(mesh_shape.get(a, 1)) for a in MESH_AXES), MESH_AXES,
+                                     axis_types=(AxisType.Auto,) * 3)
     out = {}
     for path, v in nnx.to_flat_state(state):
         names = _names(v)
@@ -178,7 +181,8 @@ def shard_batch(batch, mesh: Mesh, rules=RULES):
     n = data_shards(mesh, rules)
     def put(x):
         x = np.asarray(x)
-        if x.shape[0] % n: raise ValueError(f"shard_batch: batch of {x.shape[0]} does not split over {n} data-parallel devices")
+        if x.shape[0] % n: raise ValueError(f"shard_batch: batch of {x.shape[0]} does not split over {n} "
+                                            "data-parallel devices")
         return jax.device_put(x, batch_sharding(mesh, x.ndim, rules))
     return jax.tree.map(put, batch)
 
@@ -186,12 +190,14 @@ def shard_batch(batch, mesh: Mesh, rules=RULES):
 def batch_slice(mesh: Mesh, global_batch: int, rules=RULES) -> tuple[int, int]:
     "`(index, count)`: this process's devices hold rows `[index·b, (index+1)·b)` of the global batch, `b = global_batch / count`."
     n = data_shards(mesh, rules)
-    if global_batch % n: raise ValueError(f"batch of {global_batch} does not split over the {n} data-parallel devices of mesh {dict(mesh.shape)}")
+    if global_batch % n: raise ValueError(f"batch of {global_batch} does not split over the {n} data-parallel devices "
+                                          f"of mesh {dict(mesh.shape)}")
     index_map = batch_sharding(mesh, 1, rules).addressable_devices_indices_map((global_batch,))
     rows = sorted({sl[0].indices(global_batch)[:2] for sl in index_map.values()})
     start, stop = rows[0][0], rows[-1][1]
     if any(a != b for (_, a), (b, _) in zip(rows, rows[1:])) or global_batch % (stop - start):
-        raise ValueError(f"process {jax.process_index()} holds non-contiguous rows {rows} of the batch on mesh {dict(mesh.shape)}")
+        raise ValueError(f"process {jax.process_index()} holds non-contiguous rows {rows} of the batch on mesh "
+                         f"{dict(mesh.shape)}")
     return start // (stop - start), global_batch // (stop - start)
 
 def global_batch(local, mesh: Mesh, global_size: int, rules=RULES):
@@ -200,8 +206,10 @@ def global_batch(local, mesh: Mesh, global_size: int, rules=RULES):
     def put(x):
         x = np.asarray(x)
         if x.shape[0] * count != global_size:
-            raise ValueError(f"process {jax.process_index()}: got {x.shape[0]} rows, but holds {global_size // count} of the global batch of {global_size}")
-        return jax.make_array_from_process_local_data(batch_sharding(mesh, x.ndim, rules), x, (global_size, *x.shape[1:]))
+            raise ValueError(f"process {jax.process_index()}: got {x.shape[0]} rows, but holds {global_size // count} "
+                             f"of the global batch of {global_size}")
+        return jax.make_array_from_process_local_data(batch_sharding(mesh, x.ndim, rules), x,
+                                                      (global_size, *x.shape[1:]))
     return jax.tree.map(put, local)
 
 # %% ../nbs/12_sharding.ipynb #a7f99828
@@ -213,10 +221,12 @@ def distributed_settings(coordinator=None, num_processes=None, process_id=None, 
     process_id = process_id if process_id is not None else env.get("DALLE_NB_PROCESS_ID")
     if coordinator is None:
         if num_processes is not None or process_id is not None:
-            raise ValueError("distributed: --num-processes/--process-id need --coordinator HOST:PORT (or DALLE_NB_COORDINATOR)")
+            raise ValueError("distributed: --num-processes/--process-id need --coordinator HOST:PORT (or "
+                             "DALLE_NB_COORDINATOR)")
         return None
     if coordinator == "auto": return {}
-    if not re.fullmatch(r"[^\s:]+:\d+", coordinator): raise ValueError(f"distributed: coordinator must be HOST:PORT or 'auto', got {coordinator!r}")
+    if not re.fullmatch(r"[^\s:]+:\d+", coordinator): raise ValueError("distributed: coordinator must be HOST:PORT "
+                                                                       f"or 'auto', got {coordinator!r}")
     try: n, i = int(num_processes), int(process_id)
     except (TypeError, ValueError):
         raise ValueError(f"distributed: --coordinator {coordinator} needs integer --num-processes and --process-id "

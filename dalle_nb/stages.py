@@ -54,6 +54,7 @@ class StageRun:
     @property
     def tokenizer(self): return self.models.get(self.cfg.image_tokenizer)
 
+# %% ../nbs/15a_stages.ipynb #a9918eb5
 class Stage(NamedTuple):
     "One training stage: what it trains and the functions of a `StageRun` that differ from other stages."
     model: str                                        # the `Models` field it trains
@@ -67,7 +68,8 @@ class Stage(NamedTuple):
 def train_stage(stage: Stage, run: StageRun):
     "Build, train and evaluate one stage with `fit` in `run.workdir/run.name` (resumable). Returns `(model, history)`."
     model = stage.build(run)
-    hist = fit(model, stage.optimizer(run, make_optimizer(run.sc)), stage.loss(run), stage.data(run), run.sc, mesh=run.mesh,
+    hist = fit(model, stage.optimizer(run, make_optimizer(run.sc)), stage.loss(run), stage.data(run), run.sc,
+               mesh=run.mesh,
                workdir=Path(run.workdir) / run.name, eval_fn=stage.evaluate(run), desc=run.name, progress=run.progress,
                hooks=list(stage.hooks(run)))
     return model, hist
@@ -110,7 +112,8 @@ def _vqgan_restarts(run):
         if s in when: restart_dead_codes(m, image_floats(batch["image"]), jax.random.key(s))
     return [restart]
 
-VQGAN_STAGE = Stage("vqgan", _vqgan_build, image_batches, lambda run: lambda m, b, k: vqgan_loss(m, image_floats(b["image"])),
+VQGAN_STAGE = Stage("vqgan", _vqgan_build, image_batches, lambda run: lambda m, b,
+                    k: vqgan_loss(m, image_floats(b["image"])),
                     _vqgan_evaluate, hooks=_vqgan_restarts)
 
 # %% ../nbs/15a_stages.ipynb #5144145a
@@ -138,7 +141,8 @@ def encode_dataset(tokenizer, images, cache=None, progress: bool = True) -> np.n
         ids = np.load(cache)
         if len(ids) == len(images): return ids
     enc = nnx.jit(lambda m, x: m.encode(jnp.asarray(x, jnp.float32) / 255.0))
-    ids = encode_images(lambda x: enc(tokenizer, x), images, batch_size=256, desc="tokenizing images", progress=progress)
+    ids = encode_images(lambda x: enc(tokenizer, x), images, batch_size=256, desc="tokenizing images",
+                        progress=progress)
     if cache is not None:
         Path(cache).parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(cache).with_suffix(".tmp.npy")
@@ -155,7 +159,8 @@ def _shard_batches(run, model: str, image_len: int):
                                   blank_prob=run.sc.blank_caption_prob)
     first = next(batches); batches.restore({**batches.state(), "step": batches.step - 1})
     if first["image"].shape[1] != image_len:
-        raise TrainSetupError(f"--data {', '.join(map(str, run.shards))}: the shards hold {first['image'].shape[1]} tokens per image, "
+        raise TrainSetupError(f"--data {', '.join(map(str, run.shards))}: the shards hold {first['image'].shape[1]} "
+                              "tokens per image, "
                               f"but {model}.image_len is {image_len}")
     return batches
 
@@ -163,19 +168,25 @@ def token_stage(model: str, cls, loss) -> Stage:
     "The stage of a text → image-token transformer `cls(cfg.<model>)` trained with `loss(m, text_ids, image_ids)`."
     def build(run):
         if run.text is not None and run.text.max_len != run.cfg.text_len:
-            raise TrainSetupError(f"the text encoder pads to {run.text.max_len} tokens, the {run.name} stage's model reads {run.cfg.text_len}")
-        return sharded_init(lambda: cls(getattr(run.cfg, model), rngs=nnx.Rngs(run.sc.seed)), run.mesh)   # never whole on one device
+            raise TrainSetupError(f"the text encoder pads to {run.text.max_len} tokens, the {run.name} stage's model "
+                                  f"reads {run.cfg.text_len}")
+        # never whole on one device
+        return sharded_init(lambda: cls(getattr(run.cfg, model), rngs=nnx.Rngs(run.sc.seed)), run.mesh)
     def data(run):
         if run.shards: return _shard_batches(run, model, getattr(run.cfg, model).image_len)
-        pairs = {"text": run.text(run.captions), "image": encode_dataset(run.tokenizer, run.images, Path(run.workdir) / "tokens_train.npy", run.progress)}
+        pairs = {"text": run.text(run.captions),
+                 "image": encode_dataset(run.tokenizer, run.images, Path(run.workdir) / "tokens_train.npy",
+                                                                         run.progress)}
         return Batches.on_mesh(pairs, run.sc.batch_size, run.mesh, seed=run.sc.seed)
     def loss_fn(run):
-        if run.shards: return lambda m, b, k, **kw: loss(m, b["text"], b["image"], **kw)   # the loader blanked them; kw: residual=
+        # the loader blanked them; kw: residual=
+        if run.shards: return lambda m, b, k, **kw: loss(m, b["text"], b["image"], **kw)
         blank, p = jnp.asarray(run.text.blank(1)[0]), run.sc.blank_caption_prob
         return lambda m, b, k, **kw: loss(m, blank_captions(b["text"], blank, p, k), b["image"], **kw)
     def evaluate(run):
         if run.shards: return None
-        val = {"text": jnp.asarray(run.text(run.val_captions[:256])), "image": jnp.asarray(encode_dataset(run.tokenizer, run.val_images[:256], None, False))}
+        val = {"text": jnp.asarray(run.text(run.val_captions[:256])),
+               "image": jnp.asarray(encode_dataset(run.tokenizer, run.val_images[:256], None, False))}
         return nnx.jit(lambda m: loss(m, val["text"], val["image"])[1])
     return Stage(model, build, data, loss_fn, evaluate)
 
@@ -225,5 +236,7 @@ def _clip_evaluate(run):
     vx, vt, vn = to_float(val), text(caps), text(hard_negatives(caps, run.sc.seed + 1))
     return nnx.jit(lambda m: clip_loss(m, vx, vt, vn)[1])
 
-CLIP_STAGE = Stage("clip", lambda run: sharded_init(lambda: CLIP(run.cfg.clip, rngs=nnx.Rngs(run.sc.seed)), run.mesh), _clip_data,
-                   lambda run: lambda m, b, k: clip_loss(m, image_floats(b["image"]), b["text"], b["neg"]), _clip_evaluate)
+CLIP_STAGE = Stage("clip", lambda run: sharded_init(lambda: CLIP(run.cfg.clip, rngs=nnx.Rngs(run.sc.seed)), run.mesh),
+                   _clip_data,
+                   lambda run: lambda m, b, k: clip_loss(m, image_floats(b["image"]), b["text"],
+                                                         b["neg"]), _clip_evaluate)

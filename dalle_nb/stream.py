@@ -23,7 +23,8 @@ __all__ = ['TokenLoader']
 # %% ../nbs/14b_stream.ipynb #36f95bfe
 class TokenLoader:
     "Endless, resumable batches `{'text': int32 [b, L], 'image': int32 [b, T]}` streamed from token shards; each process reads its own."
-    def __init__(self, path, batch_size: int, text: TextEncoder, seed: int = 0, shuffle_buffer: int = 4096, blank_prob: float = 0.0,
+    def __init__(self, path, batch_size: int, text: TextEncoder, seed: int = 0, shuffle_buffer: int = 4096,
+                 blank_prob: float = 0.0,
                  clip_range: tuple | None = None, where: dict | None = None, columns=(), step: int = 0,
                  process_index: int | None = None, process_count: int | None = None):
         self.process_index = jax.process_index() if process_index is None else process_index
@@ -34,7 +35,8 @@ class TokenLoader:
         if shuffle_buffer < 1: raise ValueError(f"TokenLoader: shuffle_buffer must be >= 1, got {shuffle_buffer}")
         files = [(f, r) for f, r in shard_files(path) if r > 0]
         if len(files) < self.process_count:
-            raise ValueError(f"TokenLoader: {len(files)} non-empty shard(s) cannot be split over {self.process_count} processes; encode with a smaller shard size")
+            raise ValueError(f"TokenLoader: {len(files)} non-empty shard(s) cannot be split over {self.process_count} "
+                             "processes; encode with a smaller shard size")
         self.text, self.seed, self.batch_size, self.window = text, seed, batch_size, shuffle_buffer
         self.local, self.blank_prob, self.columns = batch_size // self.process_count, blank_prob, tuple(columns)
         self.clip_range, self.where = clip_range, dict(where or {})
@@ -46,10 +48,12 @@ class TokenLoader:
             meta = _footer(f)
             if meta.num_rows != rows: raise ShardError(f"{f}: {meta.num_rows} rows, but the manifest says {rows}")
             missing = needed - set(meta.schema.to_arrow_schema().names)
-            if missing: raise ShardError(f"{f}: no column {sorted(missing)[0]!r} (has {', '.join(meta.schema.to_arrow_schema().names)})")
+            if missing: raise ShardError(f"{f}: no column {sorted(missing)[0]!r} (has "
+                                         f"{', '.join(meta.schema.to_arrow_schema().names)})")
         self._masks = [self._mask(f, r) for f, r in self.files]
         self.rows_per_epoch = sum(r if m is None else int(m.sum()) for (_, r), m in zip(self.files, self._masks))
-        if self.rows_per_epoch == 0: raise ValueError(f"TokenLoader: no row of process {self.process_index}'s shards passes the filters")
+        if self.rows_per_epoch == 0: raise ValueError(f"TokenLoader: no row of process {self.process_index}'s shards "
+                                                      "passes the filters")
         self.steps_per_epoch = max(1, self.rows_per_epoch // self.local)
         self._blank = text.blank(1)[0]
         self._plans, self._cache = OrderedDict(), OrderedDict()
@@ -154,15 +158,19 @@ def on_mesh(cls, path, batch_size: int, mesh, text: TextEncoder, **kwargs) -> "T
 @patch_to(TokenLoader)
 def state(self) -> dict:
     "Where the loader is (JSON): step, seed, and what a resumed run must match — batch size, dataset size, processes, filters."
-    return {"step": self.step, "seed": self.seed, "batch_size": self.batch_size, "shards": self.total[0], "rows": self.total[1],
+    return {"step": self.step, "seed": self.seed, "batch_size": self.batch_size, "shards": self.total[0],
+            "rows": self.total[1],
             "process_count": self.process_count, "filters": repr((self.clip_range, sorted(self.where.items())))}
 
 @patch_to(TokenLoader)
 def restore(self, state: dict):
     "Continue from a `state()` snapshot (taken on any host)."
-    for k, mine in (("seed", self.seed), ("batch_size", self.batch_size), ("shards", self.total[0]), ("rows", self.total[1])):
-        if k in state and state[k] != mine: raise ValueError(f"TokenLoader: checkpoint was taken with {k}={state[k]}, this loader has {mine}")
+    for k, mine in (("seed", self.seed), ("batch_size", self.batch_size), ("shards", self.total[0]),
+                    ("rows", self.total[1])):
+        if k in state and state[k] != mine: raise ValueError(f"TokenLoader: checkpoint was taken with {k}={state[k]}, "
+                                                             f"this loader has {mine}")
     for k, mine in (("process_count", self.process_count), ("filters", self.state()["filters"])):
         if k in state and state[k] != mine:
-            warnings.warn(f"TokenLoader: checkpoint was taken with {k}={state[k]}, now {mine}: the data order differs from here on")
+            warnings.warn(f"TokenLoader: checkpoint was taken with {k}={state[k]}, now {mine}: the data order differs "
+                          "from here on")
     self._seek(int(state["step"])); return self

@@ -10,7 +10,8 @@ import html, json, os, re, unicodedata
 from pathlib import Path
 import numpy as np
 from fastcore.basics import patch
-os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")   # we use its tokenizers only: no "PyTorch was not found" notice
+# we use its tokenizers only: no "PyTorch was not found" notice
+os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
 
 # %% auto #0
 __all__ = ['NORMALIZERS', 'SPECIAL_TOKENS', 'CLIP_SPECIAL', 'normalize_text', 'normalize_dalle_mini', 'train_tokenizer',
@@ -107,11 +108,14 @@ SPECIAL_TOKENS = ("<s>", "<pad>", "</s>", "<unk>")
 def train_tokenizer(texts, vocab_size: int = 512, min_frequency: int = 2):
     "Train a byte-level BPE (`tokenizers.Tokenizer`) on normalised `texts`, BART's special ids, `<s> … </s>` framing."
     from tokenizers import Tokenizer, models, trainers, pre_tokenizers, decoders, processors
-    if vocab_size < 256 + len(SPECIAL_TOKENS): raise ValueError(f"vocab_size must be at least {256 + len(SPECIAL_TOKENS)} (bytes + specials), got {vocab_size}")
+    if vocab_size < 256 + len(SPECIAL_TOKENS): raise ValueError("vocab_size must be at least "
+                                                                f"{256 + len(SPECIAL_TOKENS)} (bytes + specials), got "
+                                                                f"{vocab_size}")
     tok = Tokenizer(models.BPE(unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=True)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=min_frequency, special_tokens=list(SPECIAL_TOKENS),
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=min_frequency,
+                                  special_tokens=list(SPECIAL_TOKENS),
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
     tok.train_from_iterator((normalize_text(t) for t in texts), trainer)
     tok.post_processor = processors.TemplateProcessing(single="<s> $A </s>", special_tokens=[("<s>", 0), ("</s>", 2)])
@@ -127,7 +131,8 @@ def read_bpe_files(vocab_path, merges_path) -> tuple[dict, list]:
     for p in (vocab_path, merges_path):
         if not p.exists(): raise TokenizerFileError(f"{p}: no such file")
     try: vocab = json.loads(vocab_path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e: raise TokenizerFileError(f"{vocab_path}: not a JSON vocabulary ({e})") from None
+    except (json.JSONDecodeError,
+            UnicodeDecodeError) as e: raise TokenizerFileError(f"{vocab_path}: not a JSON vocabulary ({e})") from None
     if not isinstance(vocab, dict) or not all(isinstance(i, int) for i in vocab.values()):
         raise TokenizerFileError(f"{vocab_path}: expected a mapping from token to integer id")
     if sorted(vocab.values()) != list(range(len(vocab))):
@@ -138,7 +143,8 @@ def read_bpe_files(vocab_path, merges_path) -> tuple[dict, list]:
         parts = line.split(" ")
         if len(parts) != 2: raise TokenizerFileError(f"{merges_path}:{n}: expected 'left right', got {line!r}")
         missing = [t for t in (parts[0], parts[1], parts[0] + parts[1]) if t not in vocab]
-        if missing: raise TokenizerFileError(f"{merges_path}:{n}: merge {line!r} uses {missing[0]!r}, which is not in {vocab_path.name}")
+        if missing: raise TokenizerFileError(f"{merges_path}:{n}: merge {line!r} uses {missing[0]!r}, which is not in "
+                                             f"{vocab_path.name}")
         merges.append(tuple(parts))
     return vocab, merges
 
@@ -156,10 +162,12 @@ def bart_tokenizer(vocab_path, merges_path, max_id: int | None = None):
     if max_id is not None:             # the model embeds ids < max_id: only an unused special token may lie beyond
         beyond = sorted(t for t, i in vocab.items() if i >= max_id)
         if set(beyond) - {"<mask>"}:
-            raise TokenizerFileError(f"{vocab_path}: {len(vocab)} tokens, but the model embeds only {max_id} text ids: not this model's vocabulary")
+            raise TokenizerFileError(f"{vocab_path}: {len(vocab)} tokens, but the model embeds only {max_id} text "
+                                     "ids: not this model's vocabulary")
         vocab = {t: i for t, i in vocab.items() if i < max_id}
     if [vocab[t] for t in SPECIAL_TOKENS] != [0, 1, 2, 3]:
-        raise TokenizerFileError(f"{vocab_path}: BART's special ids must be <s>=0 <pad>=1 </s>=2 <unk>=3, got {[vocab[t] for t in SPECIAL_TOKENS]}")
+        raise TokenizerFileError(f"{vocab_path}: BART's special ids must be <s>=0 <pad>=1 </s>=2 <unk>=3, got "
+                                 f"{[vocab[t] for t in SPECIAL_TOKENS]}")
     tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, unk_token="<unk>", fuse_unk=False))
     tok.add_special_tokens([t for t in (*SPECIAL_TOKENS, "<mask>") if t in vocab])
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -178,7 +186,8 @@ def clip_tokenizer(vocab_path, merges_path):
     tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, unk_token="<|endoftext|>", end_of_word_suffix="</w>",
                                continuing_subword_prefix="", fuse_unk=False))
     tok.add_special_tokens(list(CLIP_SPECIAL))
-    tok.normalizer = normalizers.Sequence([normalizers.NFC(), normalizers.Replace(Regex(r"\s+"), " "), normalizers.Lowercase()])
+    tok.normalizer = normalizers.Sequence([normalizers.NFC(), normalizers.Replace(Regex(r"\s+"), " "),
+                                           normalizers.Lowercase()])
     words = r"""<\|startoftext\|>|<\|endoftext\|>|'s|'t|'re|'ve|'m|'ll|'d|[\p{L}]+|[\p{N}]|[^\s\p{L}\p{N}]+"""
     tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(words), behavior="removed", invert=True),
                                                  pre_tokenizers.ByteLevel(add_prefix_space=False)])
@@ -191,9 +200,11 @@ def clip_tokenizer(vocab_path, merges_path):
 # %% ../nbs/01_text.ipynb #aa393326
 def _special_roles(tok) -> dict:
     "Which tokens of `tok`'s vocabulary begin, end and pad a caption: BART's or CLIP's."
-    if tok.token_to_id("<pad>") is not None: return dict(bos_token="<s>", pad_token="<pad>", eos_token="</s>", unk_token="<unk>")
+    if tok.token_to_id("<pad>") is not None: return dict(bos_token="<s>", pad_token="<pad>", eos_token="</s>",
+                                                         unk_token="<unk>")
     if tok.token_to_id(CLIP_SPECIAL[1]) is not None:
-        return dict(bos_token=CLIP_SPECIAL[0], pad_token=CLIP_SPECIAL[1], eos_token=CLIP_SPECIAL[1], unk_token=CLIP_SPECIAL[1])
+        return dict(bos_token=CLIP_SPECIAL[0], pad_token=CLIP_SPECIAL[1], eos_token=CLIP_SPECIAL[1],
+                    unk_token=CLIP_SPECIAL[1])
     raise TokenizerFileError("tokenizer has neither BART's <pad> nor CLIP's <|endoftext|> token")
 
 # %% ../nbs/01_text.ipynb #9862c550
@@ -205,18 +216,23 @@ def _plain(tok, roles: dict):
     t.add_special_tokens(sorted(set(roles.values())))
     return t
 
+# %% ../nbs/01_text.ipynb #cdd77434
 class TextEncoder:
     "Normalise + BPE-encode captions into int32 `[B, max_len]` ids (`<s> … </s>` then `<pad>`)."
     def __init__(self, tokenizer, max_len: int, normalizer: str = "dalle_nb"):
-        if normalizer not in NORMALIZERS: raise ValueError(f"unknown text normalizer {normalizer!r}; choose from {sorted(NORMALIZERS)}")
+        if normalizer not in NORMALIZERS: raise ValueError(f"unknown text normalizer {normalizer!r}; choose from "
+                                                           f"{sorted(NORMALIZERS)}")
         if isinstance(tokenizer, (str, Path)): tokenizer = TextEncoder.load(tokenizer, max_len).tokenizer
         tokenizer = getattr(tokenizer, "backend_tokenizer", tokenizer)    # transformers' fast tokenizers hold one
         if max_len < 2: raise ValueError(f"max_len must be at least 2 (<s> and </s>), got {max_len}")
         roles = _special_roles(tokenizer)
-        self.tokenizer = _plain(tokenizer, roles)                          # `tokenizers.Tokenizer`: whole captions, framed
-        self._framed = _plain(tokenizer, roles)                            # … truncated (keeping the end token) and padded
+        # `tokenizers.Tokenizer`: whole captions, framed
+        self.tokenizer = _plain(tokenizer, roles)
+        # … truncated (keeping the end token) and padded
+        self._framed = _plain(tokenizer, roles)
         self._framed.enable_truncation(max_len)
-        self._framed.enable_padding(length=max_len, pad_id=self.tokenizer.token_to_id(roles["pad_token"]), pad_token=roles["pad_token"])
+        self._framed.enable_padding(length=max_len, pad_id=self.tokenizer.token_to_id(roles["pad_token"]),
+                                    pad_token=roles["pad_token"])
         self._ids = {k: self.tokenizer.token_to_id(roles[k]) for k in ("pad_token", "bos_token", "eos_token")}
         self.max_len, self.normalizer = max_len, normalizer
 
@@ -254,7 +270,8 @@ def blank(self: TextEncoder, n: int = 1) -> np.ndarray:
 @patch
 def decode(self: TextEncoder, ids) -> list[str]:
     "Text of each row of ids, special tokens removed."
-    return [self.tokenizer.decode([int(i) for i in row], skip_special_tokens=True).strip() for row in np.atleast_2d(ids)]
+    return [self.tokenizer.decode([int(i) for i in row],
+                                  skip_special_tokens=True).strip() for row in np.atleast_2d(ids)]
 
 # %% ../nbs/01_text.ipynb #e85be894
 @patch

@@ -112,7 +112,8 @@ class Level(nnx.Module):
 class Mid(nnx.Module):
     "The bottleneck: residual block, attention, residual block."
     def __init__(self, ch, cfg, *, rngs):
-        self.block_1, self.attn_1, self.block_2 = ResnetBlock(ch, ch, cfg, rngs=rngs), AttnBlock(ch, cfg, rngs=rngs), ResnetBlock(ch, ch, cfg, rngs=rngs)
+        self.block_1, self.attn_1, self.block_2 = ResnetBlock(ch,
+                                                              ch, cfg, rngs=rngs), AttnBlock(ch, cfg, rngs=rngs), ResnetBlock(ch, ch, cfg, rngs=rngs)
     def __call__(self, x): return self.block_2(self.attn_1(self.block_1(x)))
 
 # %% ../nbs/05_vqgan.ipynb #791c6e83
@@ -124,7 +125,8 @@ class Encoder(nnx.Module):
         res, cin, levels = cfg.resolution // cfg.patch, cfg.ch, []
         for i, cout in enumerate(chs):
             last = i == len(chs) - 1
-            levels.append(Level(cin, cout, cfg.num_res_blocks, res in cfg.attn_resolutions, None if last else Downsample, cfg, rngs=rngs))
+            levels.append(Level(cin, cout, cfg.num_res_blocks, res in cfg.attn_resolutions,
+                                None if last else Downsample, cfg, rngs=rngs))
             cin, res = cout, res if last else res // 2
         self.down = nnx.List(levels)
         self.mid = Mid(cin, cfg, rngs=rngs)
@@ -147,7 +149,8 @@ class Decoder(nnx.Module):
         self.mid = Mid(cin, cfg, rngs=rngs)
         levels = [None] * len(chs)
         for i in reversed(range(len(chs))):
-            levels[i] = Level(cin, chs[i], cfg.num_res_blocks + 1, res in cfg.attn_resolutions, Upsample if i else None, cfg, rngs=rngs)
+            levels[i] = Level(cin, chs[i], cfg.num_res_blocks + 1, res in cfg.attn_resolutions, Upsample if i else None,
+                              cfg, rngs=rngs)
             cin, res = chs[i], res * 2 if i else res
         self.up = nnx.List(levels)
         self.norm_out = GroupNorm(cin, cfg.norm_groups, cfg.norm_eps, rngs=rngs)
@@ -189,7 +192,8 @@ class VectorQuantizer(nnx.Module):
         if update_usage: self.usage[...] = self.decay * self.usage[...] + (1 - self.decay) * counts
         probs = jnp.maximum(counts, 1e-10)
         perplexity = jnp.exp(-(counts * jnp.log(probs)).sum())
-        losses = {"codebook": codebook, "commit": commit, "loss": codebook + self.beta * commit, "perplexity": perplexity}
+        losses = {"codebook": codebook, "commit": commit, "loss": codebook + self.beta * commit,
+                  "perplexity": perplexity}
         return z + jax.lax.stop_gradient(zq - z), ids, losses
 
 # %% ../nbs/05_vqgan.ipynb #18935d31
@@ -199,7 +203,9 @@ class VQGAN(nnx.Module):
 
     def __init__(self, cfg: VQGANConfig, *, rngs: nnx.Rngs):
         if cfg.factored != self.factored:
-            raise ValueError(f"{type(self).__name__}: color_codes={cfg.color_codes} asks for " + ("factored tokens: build dalle_nb.factored.FactoredVQGAN "
+            raise ValueError(f"{type(self).__name__}: color_codes={cfg.color_codes} asks for " + ("factored tokens: "
+                                                                                                  "build "
+                                                                                                  "dalle_nb.factored.FactoredVQGAN "
                              "(make_vqgan picks the class)" if cfg.factored else "one code per patch: build a VQGAN"))
         enc = not cfg.decoder_only
         self.encoder = self._encoder(cfg, rngs) if enc else None
@@ -216,10 +222,12 @@ class VQGAN(nnx.Module):
 def _pixels(self: VQGAN, images):
     "Images as the model's dtype, their shape checked; refused by a decoder-only VQGAN."
     if self.encoder is None:
-        raise ValueError("VQGAN: this VQGAN has only a decoder (min-dalle ships only detoker.pt): it decodes tokens but cannot encode images")
+        raise ValueError("VQGAN: this VQGAN has only a decoder (min-dalle ships only detoker.pt): it decodes tokens "
+                         "but cannot encode images")
     x = jnp.asarray(images, dtype_of(self.cfg.dtype))
     if x.shape[1:] != (self.cfg.resolution, self.cfg.resolution, self.cfg.in_channels):
-        raise ValueError(f"VQGAN: expected images [B, {self.cfg.resolution}, {self.cfg.resolution}, {self.cfg.in_channels}], got {x.shape}")
+        raise ValueError(f"VQGAN: expected images [B, {self.cfg.resolution}, {self.cfg.resolution}, "
+                         f"{self.cfg.in_channels}], got {x.shape}")
     return x
 
 @patch
@@ -243,7 +251,8 @@ def encode(self: VQGAN, images):
 def _ids(self: VQGAN, ids):
     "Token ids as an array, their count per image checked."
     ids = jnp.asarray(ids)
-    if ids.shape[-1] != self.cfg.n_tokens: raise ValueError(f"VQGAN: expected {self.cfg.n_tokens} token ids per image, got {ids.shape[-1]}")
+    if ids.shape[-1] != self.cfg.n_tokens: raise ValueError(f"VQGAN: expected {self.cfg.n_tokens} token ids per "
+                                                            f"image, got {ids.shape[-1]}")
     return ids
 
 @patch
@@ -289,7 +298,8 @@ def vqgan_loss(model: VQGAN, images, l1: float = 1.0, l2: float = 1.0, edge: flo
     recon, aux = model(images, update_usage=True)
     err = recon - images
     rec = l1 * jnp.abs(err).mean() + l2 * (err ** 2).mean()
-    if edge: rec = rec + edge * sum(jnp.abs(a - b).mean() for a, b in zip(image_gradients(recon), image_gradients(images)))
+    if edge: rec = rec + edge * sum(jnp.abs(a - b).mean() for a, b in zip(image_gradients(recon),
+                                                                          image_gradients(images)))
     loss = rec + aux["loss"]
     return loss, {"loss": loss, "recon": rec, "codebook": aux["codebook"], "commit": aux["commit"],
                   "perplexity": aux["perplexity"], "psnr": psnr(jnp.clip(recon, 0, 1), images)}
@@ -344,14 +354,17 @@ def restart_dead_codes(model: VQGAN, images, key, threshold: float = 0.03) -> ja
     return moved
 
 # %% ../nbs/05_vqgan.ipynb #bd419466
-def show_reconstructions(model: VQGAN, images, n: int = 8, title: str = "originals (top) and reconstructions (bottom)"):
-    "Originals above their reconstructions, with the PSNR of each."
+def show_reconstructions(model: VQGAN, images, n: int = 8, title: str = "originals (top), reconstructions (bottom)"):
+    "Originals above their reconstructions, each reconstruction labelled beneath with its PSNR."
     from dalle_nb.images import show_images, to_float
     x = jnp.asarray(to_float(images[:n]))
     rec = nnx.jit(lambda m, a: m.decode(m.encode(a)))(model, x)
     scores = [float(psnr(rec[i:i + 1], x[i:i + 1])) for i in range(len(x))]
-    return show_images(np.concatenate([np.asarray(x), np.asarray(rec)]), ncols=len(x),
-                       titles=[""] * len(x) + [f"{s:.1f} dB" for s in scores], title=title)
+    fig = show_images(np.concatenate([np.asarray(x), np.asarray(rec)]), ncols=len(x), title=title)
+    for ax, s in zip(fig.axes[len(x):], scores):
+        ax.text(0.5, -0.03, f"{s:.1f} dB", transform=ax.transAxes, ha="center", va="top", fontsize=8)
+    fig.tight_layout()
+    return fig
 
 # %% ../nbs/05_vqgan.ipynb #f2b10d31
 def vqgan_param_counts(cfg: VQGANConfig, cls=None) -> dict:

@@ -20,7 +20,8 @@ __all__ = ['WeightsError', 'save_params', 'unstack_layers', 'stack_layers', 'rea
 class WeightsError(ValueError):
     "A weights file that does not fit the model it is loaded into (or is not a weights file at all)."
 
-def _key(path) -> str: return "/".join(map(str, path))          # ('decoder', 'layers', 3, 'fc0') → 'decoder/layers/3/fc0'
+# ('decoder', 'layers', 3, 'fc0') → 'decoder/layers/3/fc0'
+def _key(path) -> str: return "/".join(map(str, path))
 
 def _flat_params(module) -> dict:
     "`{'a/b/c': array}` for every `nnx.Param` of `module`."
@@ -32,12 +33,16 @@ def save_params(module, path, dtype=None) -> Path:
     path = Path(path)
     served = {_key(p) + "/kernel": m for p, m in nnx.iter_graph(module) if isinstance(m, Linear) and m.served}
     if any(m.scale is not None or m.kernel.dtype != jnp.float32 for m in served.values()):
-        raise WeightsError(f"{path}: the model is served with {'int8' if any(m.scale is not None for m in served.values()) else 'bfloat16'} "
-                           "weights (Pipeline(quantize=...)), which cannot be saved: save the float32 model it was made from")
+        raise WeightsError(f"{path}: the model is served with "
+                           f"{'int8' if any(m.scale is not None for m in served.values()) else 'bfloat16'} "
+                           "weights (Pipeline(quantize=...)), which cannot be saved: save the float32 model it was "
+                           "made from")
     path.parent.mkdir(parents=True, exist_ok=True)
     flat = {k: np.asarray(jax.device_get(v)) for k, v in _flat_params(module).items()}
-    flat = {k: np.swapaxes(v, -1, -2) if k in served else v for k, v in flat.items()}     # a float32 served kernel: back to (in, out)
-    if dtype is not None: flat = {k: v.astype(dtype) if jnp.issubdtype(v.dtype, jnp.floating) else v for k, v in flat.items()}
+    # a float32 served kernel: back to (in, out)
+    flat = {k: np.swapaxes(v, -1, -2) if k in served else v for k, v in flat.items()}
+    if dtype is not None: flat = {k: v.astype(dtype) if jnp.issubdtype(v.dtype,
+                                                                       jnp.floating) else v for k, v in flat.items()}
     tmp = path.with_suffix(path.suffix + ".tmp")
     tmp.write_bytes(serialization.msgpack_serialize(traverse_util.unflatten_dict({tuple(k.split("/")): v for k, v in flat.items()})))
     tmp.replace(path)   # never leave a half-written file under the real name
@@ -86,9 +91,11 @@ def read_params(path) -> dict:
     path = Path(path)
     if not path.exists(): raise WeightsError(f"{path}: no such weights file")
     try:
-        with open(path, "rb") as f: tree = msgpack.Unpacker(f, ext_hook=_array_ext, raw=False, max_buffer_size=2**40).unpack()
+        with open(path, "rb") as f: tree = msgpack.Unpacker(f, ext_hook=_array_ext, raw=False,
+                                                            max_buffer_size=2**40).unpack()
     except Exception as e: raise WeightsError(f"{path}: not a readable msgpack weights file ({type(e).__name__}: {e})") from None
-    if not isinstance(tree, dict): raise WeightsError(f"{path}: expected a mapping of tensors, found {type(tree).__name__}")
+    if not isinstance(tree, dict): raise WeightsError(f"{path}: expected a mapping of tensors, found "
+                                                      f"{type(tree).__name__}")
     return {_key(k): np.asarray(v) for k, v in traverse_util.flatten_dict(tree).items()}
 
 # %% ../nbs/04a_weights.ipynb #dbd2e5aa
@@ -114,18 +121,23 @@ def load_params(module, path, serve: bool = False, quantize: str | None = None):
         shown = "\n  ".join(problems[:12]) + (f"\n  … and {len(problems) - 12} more" if len(problems) > 12 else "")
         raise WeightsError(f"{path}: does not fit {type(module).__name__}:\n  {shown}")
     # tensor by tensor, the file's copy dropped once the model's exists: loading holds the weights about once, not twice
-    same_tensor = lambda pm: [str(x) for x in pm[0] if not isinstance(x, int)]     # a stacked file tensor's layers in a row: freed after its last
-    for p, lin in sorted([(p, m) for p, m in nnx.iter_graph(module) if serve and isinstance(m, Linear)], key=same_tensor):
+    # a stacked file tensor's layers in a row: freed after its last
+    same_tensor = lambda pm: [str(x) for x in pm[0] if not isinstance(x, int)]
+    for p, lin in sorted([(p, m) for p, m in nnx.iter_graph(module) if serve and isinstance(m, Linear)],
+                         key=same_tensor):
         lin.serve(quantize, kernel=flat.pop(_key(p) + "/kernel"))
     state = nnx.state(module, nnx.Param)
     pure = traverse_util.flatten_dict(nnx.to_pure_dict(state))
     # cast on the host, copied by `device_put`: `jnp.asarray` compiles a program per shape and dtype (~25 ms each, every start)
-    fill = lambda k, v: jax.device_put(np.asarray(flat.pop(_key(k)), dtype=v.dtype)) if _key(k) in flat else v   # served kernels: already there
+    # served kernels: already there
+    fill = lambda k, v: jax.device_put(np.asarray(flat.pop(_key(k)), dtype=v.dtype)) if _key(k) in flat else v
     nnx.replace_by_pure_dict(state, traverse_util.unflatten_dict({k: fill(k, v) for k, v in pure.items()}))
     nnx.update(module, state)
     abstract = lambda x: isinstance(x, jax.ShapeDtypeStruct)
     rest = nnx.state(module, nnx.Not(nnx.Param))
-    nnx.update(module, jax.tree.map(lambda x: jax.device_put(np.zeros(x.shape, x.dtype)) if abstract(x) else x, rest, is_leaf=abstract))
+    nnx.update(module,
+               jax.tree.map(lambda x: jax.device_put(np.zeros(x.shape, x.dtype)) if abstract(x) else x, rest,
+                                    is_leaf=abstract))
     return module
 
 # %% ../nbs/04a_weights.ipynb #5a2d80c9

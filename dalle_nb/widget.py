@@ -119,9 +119,23 @@ def _forget(ui, _=None):
     ui.upload.value = () if isinstance(ui.upload.value, tuple) else ui.upload.value.__class__()
     ui.image = None
 
+def _legible(ui, label: str = "140px"):
+    "Every control's name shown whole and aligned: a `label`-wide name column (ipywidgets' default cuts names short)."
+    import ipywidgets as W
+    todo = list(ui.children)
+    while todo:
+        w = todo.pop()
+        if isinstance(w, W.Box): todo += list(w.children); continue
+        if not hasattr(w.style, "description_width") or not w.description: continue      # buttons, labels
+        w.style.description_width = label
+        if isinstance(w, (W.Text, W.IntText)): w.layout.width = "800px" if isinstance(w, W.Text) else "400px"
+        elif isinstance(w, (W.IntSlider, W.FloatSlider)): w.layout.width = "400px"
+    ui.upload.layout.width = "180px"                                                     # "image prompt (0)"
+
 def _wire(ui):
     "The panel's behaviour: `ui.run(wait=True)` generates (in a thread when clicked), Stop, the image prompt buttons."
     from functools import partial
+    _legible(ui)
     ui.run, ui.forget = partial(_run, ui), partial(_forget, ui)
     ui.set_image_prompt = lambda image: setattr(ui, "image", image)          # from code, instead of uploading
     ui.generate.on_click(ui.run); ui.stop.on_click(lambda _: ui.stopping.set()); ui.clear.on_click(ui.forget)
