@@ -3,8 +3,8 @@
 Builds what `dalle-nb train --data SHARDS` trains — the stage table's model, loss and optimiser (`dalle_nb.recipe.STAGES
 ["bart"]`, `make_optimizer`, `make_sharded_train_step`) at a preset's widths (`mega`: 24 + 24 layers, d 2048, 32 heads,
 GLU 4096; `mini`: 12 + 12, d 1024) — on random tokens, and times `--steps` warm steps after a compile. Each
-configuration (batch × remat × compute dtype × weights dtype × weights copy) runs in a process of its own, so one that runs out of
-memory is reported and the others still run.
+configuration (batch × remat × compute dtype × weights dtype × weights copy) runs in a process of its own, so one
+that runs out of memory is reported and the others still run.
 
 Model FLOPs per sample are counted as `CONVENTION` below says (causal attention: as full, uncausal score matrices).
 The matmul peak is measured in the same process (a square `--peak-size`³ matmul in the compute dtype, best of 10),
@@ -19,9 +19,9 @@ import argparse, itertools, json, os, platform, resource, statistics, subprocess
 from datetime import date
 from pathlib import Path
 
-CONVENTION = """Model FLOPs per sample = 3 x the forward pass's matmul FLOPs (forward + the two matmuls of the backward pass;
-recomputation by remat is not counted), where the forward pass counts every projection as 2 x rows x in x out (encoder
-rows: the caption's max_text_len; decoder rows: image_len), attention scores and their weighted sum each as
+CONVENTION = """Model FLOPs per sample = 3 x the forward pass's matmul FLOPs (forward + the two matmuls of the backward
+pass; recomputation by remat is not counted), where the forward pass counts every projection as 2 x rows x in x out
+(encoder rows: the caption's max_text_len; decoder rows: image_len), attention scores and their weighted sum each as
 2 x queries x keys x d_model with the full, uncausal score matrix (causal self-attention counted as if every query saw
 every key), and the LM head as 2 x image_len x d_model x image_vocab."""
 
@@ -30,7 +30,7 @@ def model_flops(bart) -> dict:
     "Matmul FLOPs of one sample's forward pass by part (`CONVENTION`), and 3× their sum: a train step's per sample."
     d, g, S, T = bart.d_model, bart.glu_dim, bart.max_text_len, bart.image_len
     glu = lambda rows: 2 * rows * d * g * 3                          # fc0, fc1 (d -> g), fc2 (g -> d)
-    attn = lambda q, k: 2 * q * d * d * 2 + 2 * k * d * d * 2 + 2 * 2 * q * k * d   # q, out; k, v; scores + weighted sum
+    attn = lambda q, k: 2 * q * d * d * 2 + 2 * k * d * d * 2 + 2 * 2 * q * k * d   # q, out; k, v; scores, sum
     enc = bart.encoder_layers * (attn(S, S) + glu(S))
     dec = bart.decoder_layers * (attn(T, T) + attn(T, S) + glu(T))
     head = 2 * T * d * bart.image_vocab
@@ -66,7 +66,7 @@ def build(preset: str, sets: list, workdir: str, compute_dtype=None):
     from dalle_nb.stages import StageRun
     from dalle_nb.train import make_sharded_train_step
     cfg = get_config(preset, sets + ["bart_train.mesh=dp=1"])
-    run = StageRun("bart", cfg, Path(workdir), shards=("random tokens",), progress=False)    # shards: the loss of `--data`
+    run = StageRun("bart", cfg, Path(workdir), shards=("random tokens",), progress=False)   # the loss of `--data`
     stage = STAGES["bart"]
     model = stage.build(run)
     tx = stage.optimizer(run, make_optimizer(run.sc))
@@ -106,9 +106,10 @@ def one(c: dict) -> dict:
     step_s = statistics.median(times[c["warmup"]:])
     matmul = matmul_peak(c["dtype"], c["peak_size"])
     model_rate = flops["train_per_sample"] * c["batch"] / step_s
-    return {**c, "params": sum(x.size for x in jax.tree.leaves(state.params)), "compile_s": compile_s, "ms_per_step": 1e3 * step_s,
-            "step_ms_all": [1e3 * t for t in times], "samples_per_s": c["batch"] / step_s, "model_flops_per_step": flops["train_per_sample"] * c["batch"],
-            "model_flops_by_part": flops, "hlo_flops_per_step": hlo, "matmul_peak_flops": matmul, "mfu": model_rate / matmul,
+    return {**c, "params": sum(x.size for x in jax.tree.leaves(state.params)), "compile_s": compile_s,
+            "ms_per_step": 1e3 * step_s, "step_ms_all": [1e3 * t for t in times], "samples_per_s": c["batch"] / step_s,
+            "model_flops_per_step": flops["train_per_sample"] * c["batch"], "model_flops_by_part": flops,
+            "hlo_flops_per_step": hlo, "matmul_peak_flops": matmul, "mfu": model_rate / matmul,
             "peak_bytes": peak, "peak_kind": peak_kind, "losses": losses,
             "device": f"{jax.devices()[0].platform} ({jax.devices()[0].device_kind})", "jax": jax.__version__}
 
@@ -116,7 +117,8 @@ def one(c: dict) -> dict:
 def child(c: dict, timeout: int) -> dict:
     "`one(c)` in a process of its own; a failure (out of memory, a timeout) is reported as the row's `error`."
     try:
-        r = subprocess.run([sys.executable, __file__, "--one", json.dumps(c)], capture_output=True, text=True, timeout=timeout)
+        r = subprocess.run([sys.executable, __file__, "--one", json.dumps(c)], capture_output=True, text=True,
+                           timeout=timeout)
     except subprocess.TimeoutExpired: return {**c, "error": f"timed out after {timeout} s"}
     lines = [l for l in r.stdout.splitlines() if l.startswith("{")]
     if r.returncode == 0 and lines: return json.loads(lines[-1])
@@ -125,13 +127,16 @@ def child(c: dict, timeout: int) -> dict:
 
 
 def table(rows: list) -> str:
-    out = ["| preset | batch | remat | compute | weights (copy) | ms/step | samples/s | model TFLOP/step | matmul peak TFLOP/s | MFU | peak memory | compile |",
+    out = ["| preset | batch | remat | compute | weights (copy) | ms/step | samples/s | model TFLOP/step "
+           "| matmul peak TFLOP/s | MFU | peak memory | compile |",
            "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        head = f"| {r['preset']} | {r['batch']} | {r['remat']} | {r['dtype']} | {r['param_dtype']} ({r['weights_copy']}) "
+        head = (f"| {r['preset']} | {r['batch']} | {r['remat']} | {r['dtype']} | {r['param_dtype']} "
+                f"({r['weights_copy']}) ")
         if "error" in r: out.append(head + f"| {r['error'][:120]} | | | | | | |"); continue
-        out.append(head + f"| {r['ms_per_step']:.1f} | {r['samples_per_s']:.2f} | {r['model_flops_per_step'] / 1e12:.3f} | "
-                   f"{r['matmul_peak_flops'] / 1e12:.1f} | {100 * r['mfu']:.1f}% | {r['peak_bytes'] / 2**30:.2f} GiB | {r['compile_s']:.1f} s |")
+        out.append(head + f"| {r['ms_per_step']:.1f} | {r['samples_per_s']:.2f} | "
+                   f"{r['model_flops_per_step'] / 1e12:.3f} | {r['matmul_peak_flops'] / 1e12:.1f} | "
+                   f"{100 * r['mfu']:.1f}% | {r['peak_bytes'] / 2**30:.2f} GiB | {r['compile_s']:.1f} s |")
     return "\n".join(out)
 
 
@@ -141,9 +146,11 @@ def main(argv=None):
     p.add_argument("--batch", default="16", help="comma-separated batch sizes (one device, no accumulation)")
     p.add_argument("--remat", default="full", help="comma-separated remat policies (dalle_nb.model_configs.REMATS)")
     p.add_argument("--dtype", default="bfloat16", help="comma-separated compute dtypes")
-    p.add_argument("--param-dtype", default="float32", help="comma-separated parameter dtypes (the optimiser's master copies)")
-    p.add_argument("--weights-copy", default="none", help="comma-separated: none (each layer casts its weights as it uses "
-                   "them), bfloat16 (the passes read one bfloat16 copy made per step: make_sharded_train_step(compute_dtype=))")
+    p.add_argument("--param-dtype", default="float32",
+                   help="comma-separated parameter dtypes (the optimiser's master copies)")
+    p.add_argument("--weights-copy", default="none",
+                   help="comma-separated: none (each layer casts its weights as it uses them), bfloat16 (the passes "
+                        "read one bfloat16 copy made per step: make_sharded_train_step(compute_dtype=))")
     p.add_argument("--steps", type=int, default=8); p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--peak-size", type=int, default=8192, help="the square matmul measured for the peak")
     p.add_argument("--set", action="append", default=[], help="SECTION.FIELD=VALUE (the config's overrides)")
@@ -162,8 +169,8 @@ def main(argv=None):
     rows = []
     out = Path(a.out); out.mkdir(parents=True, exist_ok=True)
     for b, remat, dtype, pdt, copy in grid:
-        c = dict(preset=a.preset, batch=int(b), remat=remat, dtype=dtype, param_dtype=pdt, weights_copy=copy, steps=a.steps, warmup=a.warmup,
-                 peak_size=a.peak_size, set=a.set)
+        c = dict(preset=a.preset, batch=int(b), remat=remat, dtype=dtype, param_dtype=pdt, weights_copy=copy,
+                 steps=a.steps, warmup=a.warmup, peak_size=a.peak_size, set=a.set)
         rows.append(child(c, a.timeout))
         print(table(rows[-1:]).splitlines()[-1], flush=True)
         (out / "train.partial.json").write_text(json.dumps(rows, indent=1))

@@ -107,8 +107,8 @@ def test_fit_check_runs(tmp_path):
 def test_gpu_sh_cpu_smoke_and_train(tmp_path):
     "bench/gpu.sh --cpu-smoke: the device script's steps at tiny widths on CPU, every result under one folder; and the"
     "rows bench/train.py writes there (the BART stage's step at a micro width: timed, its FLOPs, peak memory and MFU)."
-    r = subprocess.run(["bash", str(ROOT / "bench" / "gpu.sh"), "--cpu-smoke", str(tmp_path)], capture_output=True, text=True,
-                       timeout=3000, cwd=ROOT)
+    r = subprocess.run(["bash", str(ROOT / "bench" / "gpu.sh"), "--cpu-smoke", str(tmp_path)], capture_output=True,
+                       text=True, timeout=3000, cwd=ROOT)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     assert dict(l.split() for l in (tmp_path / "steps.txt").read_text().splitlines()) == {"train": "0", "generate": "0"}
     assert (tmp_path / "devices.txt").read_text().strip() and not (tmp_path / "bin").exists()

@@ -96,14 +96,14 @@ def test_two_processes_train_like_one(tmp_path):
 
 
 def test_the_eight_gpu_layout_trains_like_one_device(tmp_path):
-    """The 8 x H100 plan (BENCHMARKS.md, "Training on one node of 8 GPUs"): the journal's recipe (Distributed Shampoo, full
-    remat, gradient accumulation) on the layout that fits, as `dalle-nb train --mesh fsdp=8` on 8 fake CPU devices,
-    against the same run on one device: the same losses, step for step."""
+    """The 8 x H100 plan (BENCHMARKS.md, "Training on GPUs"): the journal's recipe (Distributed Shampoo, full remat,
+    gradient accumulation) on the layout that fits, as `dalle-nb train --mesh fsdp=8` on 8 fake CPU devices, against
+    the same run on one device: the same losses, step for step."""
     eight, one = tmp_path / "eight", tmp_path / "one"
     make_model_dir(eight)
     shutil.copytree(eight / "model", one / "model")
-    recipe = [x for s in ("bart_train.optimizer=shampoo", "bart.remat=full", "bart_train.grad_accum=2", "bart_train.batch_size=16")
-              for x in ("--set", s)]
+    recipe = [x for s in ("bart_train.optimizer=shampoo", "bart.remat=full", "bart_train.grad_accum=2",
+                          "bart_train.batch_size=16") for x in ("--set", s)]
     finish(launch(eight, 8, [*recipe, "--mesh", "fsdp=8"], cache=tmp_path / "cache8"), "fsdp=8 on 8 devices")
     finish(launch(one, 1, [*recipe, "--mesh", "dp=1"], cache=tmp_path / "cache1"), "one device")
     h8, h1 = (json.loads((d / "history_bart.json").read_text()) for d in (eight, one))
