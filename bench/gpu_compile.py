@@ -8,6 +8,7 @@ here; a Mega train step several minutes and several GB.
     python bench/gpu_compile.py sample --gpus h100,a100-40gb,a100-80gb,l4,t4,rtx4090,rtx3060 --images 9
     python bench/gpu_compile.py train --gpus h100 --devices 8 --mesh fsdp=8 --optimizer shampoo --per-replica 8 \\
                                       --accum 3
+    python bench/gpu_compile.py state --gpus h100 --devices 8 --mesh "dp=8;fsdp=8;mp=8" --optimizer adam,shampoo
     ... [--preset mega] [--set SECTION.FIELD=VALUE ...] [--out bench/results/gpu_compile/NAME.json]
 """
 import argparse, itertools, json, os, subprocess, sys, tempfile, time
@@ -32,9 +33,33 @@ def compile_one(argv: list, timeout: int) -> dict:
                 **json.loads(out.read_text())}
 
 
+def state_rows(gpu: str, devices: int, layouts: list, optimizers: list, preset: str, sets: list) -> list:
+    "Parameters and optimizer state per device of each layout × optimiser on `devices` of the card: shardings, no compile."
+    import dataclasses
+    from flax import nnx
+    from dalle_nb.bart import DalleBart, bart_loss
+    from dalle_nb.config import get_config
+    from dalle_nb.fitcheck import layout_mesh, state_bytes
+    from dalle_nb.gpu import gpu_devices
+    from dalle_nb.optim import make_optimizer
+    from dalle_nb.train import make_sharded_train_step
+    cfg = get_config(preset, sets)
+    model = nnx.eval_shape(lambda: DalleBart(cfg.bart, rngs=nnx.Rngs(0)))
+    devs, rows = gpu_devices(gpu, devices), []
+    for layout, opt in ((l, o) for l in layouts for o in optimizers):
+        tx = make_optimizer(dataclasses.replace(cfg.bart_train, optimizer=opt))
+        t = make_sharded_train_step(lambda m, b, k: bart_loss(m, b["text"], b["image"]), model, tx, layout_mesh(layout, devs))
+        sb = state_bytes(t.abstract)
+        rows.append({"gpu": gpu, "devices": devices, "layout": layout, "optimizer": opt, "params_bytes": sb["params"],
+                     "opt_bytes": sb["opt"]})
+        print(f"{devices} x {gpu} {layout:8s} {opt:8s} parameters {sb['params'] / 2**30:6.2f} GiB/device, "
+              f"optimizer state {sb['opt'] / 2**30:6.2f} GiB/device", flush=True)
+    return rows
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("program", choices=("sample", "train"))
+    p.add_argument("program", choices=("sample", "train", "state"), help="state: train-state bytes per device, no compile")
     p.add_argument("--gpus", default="h100"); p.add_argument("--preset", default="mega")
     p.add_argument("--images", default="9", help="sample: comma-separated image counts")
     p.add_argument("--quantize", default="bfloat16", help="sample: comma-separated weight forms (none, bfloat16, int8)")
@@ -50,6 +75,13 @@ def main(argv=None):
     p.add_argument("--out", default="bench/results/gpu_compile/results.json")
     a = p.parse_args(argv)
     sets = [x for s in a.set for x in ("--set", s)]
+    if a.program == "state":
+        rows = [r for g in a.gpus.split(",") for d in a.devices.split(",")
+                for r in state_rows(g, int(d), a.mesh.split(";"), a.optimizer.split(","), a.preset, a.set)]
+        out = Path(a.out); out.parent.mkdir(parents=True, exist_ok=True)
+        res = {"date": str(date.today()), "command": " ".join(sys.argv), "rows": rows}
+        tmp = out.with_name(out.name + ".tmp"); tmp.write_text(json.dumps(res, indent=1)); os.replace(tmp, out)
+        return
     if a.program == "sample":
         runs = [["fit", "--gpu", g, "--preset", a.preset, "--images", n, "--quantize", q, *sets]
                 for g, n, q in itertools.product(a.gpus.split(","), a.images.split(","), a.quantize.split(","))]
