@@ -25,12 +25,15 @@ budget=${GPU_SH_BUDGET:-470}                                  # seconds for all 
 (( smoke )) && budget=${GPU_SH_BUDGET:-3000}                  # a shared CPU: no device minutes to save, limits x6
 
 log() { echo "[gpu.sh +$(( $(date +%s) - start ))s] $*" | tee -a "$out/gpu.log"; }
-step() {                                                      # step NAME LIMIT_S COMMAND...: at most LIMIT_S, and never past the budget
+# step NAME LIMIT_S COMMAND...: run COMMAND for at most LIMIT_S seconds, and never past the budget
+step() {
   local name=$1 limit=$2; shift 2
   (( smoke )) && limit=$(( limit * 6 ))
   local left=$(( budget - ($(date +%s) - start) ))
   (( left < limit )) && limit=$left
-  if (( limit < 10 )); then log "$name: skipped, the budget is spent"; echo "$name skipped" >> "$out/steps.txt"; return; fi
+  if (( limit < 10 )); then
+    log "$name: skipped, the budget is spent"; echo "$name skipped" >> "$out/steps.txt"; return
+  fi
   log "$name (at most ${limit}s): $*"
   timeout --signal=INT --kill-after=15 "$limit" "$@" > "$out/$name.log" 2>&1
   local rc=$?
@@ -55,11 +58,12 @@ else
   gen=(--widths mega --images 1,9,16,64 --repeats 2 --quantize bfloat16 --second-process)
   nvidia-smi > "$out/nvidia-smi.txt" 2>&1
 fi
-python -c "import jax, platform; print(platform.node(), 'jax', jax.__version__, jax.devices())" > "$out/devices.txt" 2>&1
+python -c "import jax, platform; print(platform.node(), 'jax', jax.__version__, jax.devices())" \
+  > "$out/devices.txt" 2>&1
 log "devices: $(tail -1 "$out/devices.txt")"
 
 step train 185 python bench/train.py "${train[@]}" --out "$out/train"
-models=${TMPDIR:-/tmp}/gpu_sh_models                          # random weights (gigabytes): kept out of the results folder
+models=${TMPDIR:-/tmp}/gpu_sh_models                    # random weights (gigabytes): kept out of the results folder
 step generate 400 python bench/generate.py --device "$device" "${gen[@]}" --cache "$models" --out "$out/generate"
 rm -rf "$out/bin"
 log "done: $(tr '\n' ' ' < "$out/steps.txt")"
