@@ -97,8 +97,8 @@ def test_two_processes_train_like_one(tmp_path):
 
 def test_the_eight_gpu_layout_trains_like_one_device(tmp_path):
     """The 8 x H100 plan (BENCHMARKS.md, "Training on GPUs"): the journal's recipe (Distributed Shampoo, full remat,
-    gradient accumulation) on the layout that fits, as `dalle-nb train --mesh fsdp=8` on 8 fake CPU devices, against
-    the same run on one device: the same losses, step for step."""
+    gradient accumulation) in the layout compiled for 8 H100s, as `dalle-nb train --mesh fsdp=8` on 8 fake CPU devices,
+    against the same run on one device: the same losses, step for step."""
     eight, one = tmp_path / "eight", tmp_path / "one"
     make_model_dir(eight)
     shutil.copytree(eight / "model", one / "model")
