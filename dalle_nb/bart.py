@@ -22,8 +22,10 @@ __all__ = ['REMAT_POLICIES', 'attend', 'attend_cached', 'Attention', 'GLU', 'Enc
            'param_counts']
 
 # %% ../nbs/06_bart.ipynb #6465c90f
-def attend(q, k, v, mask):
-    "Softmax attention: q `[B,Tq,H,D]`, k/v `[B,Tk,H,D]`, boolean mask broadcastable to `[B,H,Tq,Tk]`."
+def attend(q, k, v, mask, impl: str = "einsum"):
+    "Softmax attention: q `[B,Tq,H,D]`, k/v `[B,Tk,H,D]`, boolean mask broadcastable to `[B,H,Tq,Tk]`.\n\n"
+    "`impl='fused'`: `jax.nn.dot_product_attention` (cuDNN's fused kernel on GPUs where it takes the mask, XLA elsewhere)."
+    if impl == "fused": return jax.nn.dot_product_attention(q, k, v, mask=jnp.asarray(mask, bool))
     scores = jnp.einsum("bqhd,bkhd->bhqk", q, k, preferred_element_type=jnp.float32) / math.sqrt(q.shape[-1])
     scores = jnp.where(mask, scores, jnp.finfo(jnp.float32).min)
     probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
@@ -45,7 +47,7 @@ class Attention(nnx.Module):
                                   dtype=cfg.dtype, param_dtype=cfg.param_dtype, rngs=rngs)
         self.q_proj, self.k_proj, self.v_proj = lin(("embed", "heads")), lin(("embed", "heads")), lin(("embed", "heads"))
         self.out_proj = lin(("heads", "embed"))
-        self.heads = cfg.heads
+        self.heads, self.impl = cfg.heads, cfg.attention
 
     def split(self, x):
         "`[B, T, d]` → `[B, T, heads, head_dim]`."
@@ -57,7 +59,8 @@ class Attention(nnx.Module):
 
     def __call__(self, x, k, v, mask, cached: bool = False):
         "Attend from `x` to precomputed keys/values `k, v` (`[B,T,H,D]`, or a decoding cache's `[B,H,D,T]` when `cached`)."
-        out = (attend_cached if cached else attend)(self.split(self.q_proj(x)), k, v, mask)
+        q = self.split(self.q_proj(x))
+        out = attend_cached(q, k, v, mask) if cached else attend(q, k, v, mask, self.impl)
         return self.out_proj(out.reshape(*out.shape[:2], -1))
 
 # %% ../nbs/06_bart.ipynb #27d7306a
@@ -160,7 +163,8 @@ def step(self: DecoderLayer, x, pos, text_mask, k_c, v_c, layer, cross_k, cross_
 
 # %% ../nbs/06_bart.ipynb #12821b56
 REMAT_POLICIES = {"full": None,                                     # keep nothing: recompute the whole layer
-                  "outputs": jax.checkpoint_policies.save_only_these_names("sublayer_out")}   # keep each sub-layer's output
+                  "outputs": jax.checkpoint_policies.save_only_these_names("sublayer_out"),   # keep each sub-layer's output
+                  "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable}   # keep every projection's output
 
 class LayerStack(nnx.Module):
     "`n` layers made by `make(rngs)`, stored stacked (scanned) or as a list, applied in sequence."

@@ -8,7 +8,7 @@ Docs: https://dalle-nb.github.io/dalle_nb/cli.html.md"""
 from __future__ import annotations
 import argparse, contextlib, os, signal, sys, threading, time, warnings
 from pathlib import Path
-from .cli_pod import add_pod_commands        # `dalle-nb pod …` (11a_cli_pod)
+from .cli_pod import add_pod_commands, add_gpu_commands   # `dalle-nb pod …`, `dalle-nb gpu …` (11a_cli_pod)
 
 # %% auto #0
 __all__ = ['UsageError', 'cmd_train', 'doctor', 'cmd_info', 'cmd_encode', 'cmd_convert', 'cmd_models', 'cmd_download',
@@ -481,11 +481,12 @@ def _add_hub(sub):
 
 # %% ../nbs/11_cli.ipynb #53b9263c
 def build_parser() -> argparse.ArgumentParser:
-    "The `dalle-nb` argument parser: generate, train, info, encode, convert, pod."
+    "The `dalle-nb` argument parser: generate, train, info, encode, convert, pod, gpu."
     p = argparse.ArgumentParser(prog="dalle-nb", description="DALL·E Mega in JAX/Flax: generate images from text, train models.")
     sub = p.add_subparsers(dest="command", required=True)
     _add_generate(sub); _add_train(sub); _add_info_encode(sub); _add_convert(sub); _add_hub(sub)
     add_pod_commands(sub, UsageError)                 # dalle-nb pod create|setup|launch|logs|list|stop|delete|watch|fit
+    add_gpu_commands(sub, UsageError)                 # dalle-nb gpu fit|train|list (16b_gpu)
     return p
 
 def main(argv=None) -> int:

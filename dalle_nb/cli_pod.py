@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 # %% auto #0
-__all__ = ['add_pod_commands']
+__all__ = ['add_pod_commands', 'add_gpu_commands']
 
 # %% ../nbs/11a_cli_pod.ipynb #aeed16f8
 from .pod import (PodError, PodSpec, TrainJob, TPUPod, DryRun, Shell, LocalPod, RUNS_DIR, build_wheel, watch,
@@ -179,3 +179,47 @@ def add_pod_commands(sub, usage_error=PodError):
         except ValueError as e: raise usage_error(str(e)) from None
     pod.set_defaults(func=run)
     return pod
+
+# %% ../nbs/11a_cli_pod.ipynb #900baecb
+def _cmd_gpu(a) -> int:
+    "`dalle-nb gpu fit|train|list`: compile for a named GPU without one; status 1 when the program does not fit the card."
+    import json, os
+    from dalle_nb import gpu as G
+    from dalle_nb.config import get_config
+    if a.gpu_command == "list":
+        for g in G.gpu_names():
+            s = G.gpu_spec(g); print(f"{g:<10} {s['name']:<26} {s['memory_bytes'] / 2**30:5.1f} GiB  {s['bandwidth'] / 1e12:5.2f} TB/s")
+        return 0
+    cfg = get_config(a.preset, a.set)
+    if a.gpu_command == "fit": rep = G.gpu_check(cfg, a.gpu, a.images, None if a.quantize == "none" else a.quantize)
+    else: rep = G.gpu_train_check(cfg, a.gpu, a.devices, a.mesh, per_replica=a.per_replica, accum=a.accum, remat=a.remat,
+                                  optimizer=a.optimizer, dtype=a.dtype, param_dtype=a.param_dtype)
+    print(rep.table())
+    if a.json:
+        out = Path(a.json); out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = out.with_name(out.name + ".tmp"); tmp.write_text(json.dumps(rep.to_json(), indent=1)); os.replace(tmp, out)
+    return 0 if rep.fits else 1
+
+# %% ../nbs/11a_cli_pod.ipynb #5db5f837
+def add_gpu_commands(sub, usage_error=ValueError):
+    "Add `dalle-nb gpu fit|train|list` to an argparse subparsers object; errors become `usage_error` (one line)."
+    from dalle_nb.model_configs import REMATS
+    g = sub.add_parser("gpu", help="compile for a named NVIDIA GPU without one: fit (sampling), train (train step), list")
+    gs = g.add_subparsers(dest="gpu_command", required=True)
+    gs.add_parser("list", help="the shipped cards")
+    for name, what in (("fit", "the sampling program"), ("train", "the BART train step")):
+        p = gs.add_parser(name, help=f"compile {what} for a card; exit 1 if it does not fit")
+        p.add_argument("--gpu", default="h100", help="a shipped card (dalle-nb gpu list) or a .textproto file")
+        p.add_argument("--preset", default="mega"); p.add_argument("--set", action="append", default=[])
+        p.add_argument("--json", default=None, help="also write the report as JSON here")
+    fit, train = gs.choices["fit"], gs.choices["train"]
+    fit.add_argument("--images", type=int, default=9); fit.add_argument("--quantize", choices=("none", "bfloat16", "int8"), default="bfloat16")
+    train.add_argument("--devices", type=int, default=1); train.add_argument("--mesh", default="dp=-1")
+    train.add_argument("--per-replica", type=int, default=None); train.add_argument("--accum", type=int, default=1)
+    train.add_argument("--remat", choices=REMATS, default="full"); train.add_argument("--optimizer", default=None)
+    train.add_argument("--dtype", default=None); train.add_argument("--param-dtype", default=None)
+    def run(a):
+        try: return _cmd_gpu(a)
+        except ValueError as e: raise usage_error(str(e)) from None
+    g.set_defaults(func=run)
+    return g

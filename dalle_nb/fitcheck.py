@@ -172,7 +172,7 @@ def _measure(compiled, error: str | None, n: int):
     mem = {k: int(getattr(m, f"{k}_size_in_bytes")) for k in ("argument", "output", "alias", "temp")}
     mem["code"] = int(m.generated_code_size_in_bytes)
     mem["total"] = mem["argument"] + mem["output"] - mem["alias"] + mem["temp"] + mem["code"]
-    xla = compiled.cost_analysis(); xla = xla[0] if isinstance(xla, list) else xla
+    xla = compiled.cost_analysis() or {}; xla = xla[0] if isinstance(xla, list) else xla     # None for a GPU compiled without one
     hlo = compiled.as_text()
     return mem, xla, hlo_profile(hlo, n), hlo_profile(hlo, n, inexact_trips=1)
 

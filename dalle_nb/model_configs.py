@@ -56,7 +56,8 @@ class VQGANConfig:
 # %% ../nbs/00a_model_configs.ipynb #a72f270f
 LN_TYPES = ("layernorm", "rmsnorm")
 LN_POSITIONS = ("normformer", "preln", "postln")
-REMATS = ("none", "full", "outputs")   # per-layer gradient checkpointing: off, everything recomputed, sub-layer outputs kept
+REMATS = ("none", "full", "outputs", "dots")   # per-layer gradient checkpointing: off, everything recomputed, sub-layer outputs kept,
+                                                #   every matmul output kept (element-wise work and attention recomputed)
 TEXT_NORMALIZERS = ("dalle_nb", "dalle_mini", "none")   # see dalle_nb.text: this package's rules, dalle-mini's, none
 
 @dataclass(frozen=True)
@@ -80,7 +81,8 @@ class BartConfig:
     pad_id: int = 1                   # text padding id
     text_normalizer: str = "dalle_nb"  # caption cleaning the model was trained with: dalle_nb | dalle_mini | none
     scan_layers: bool = True          # stack layers and run them with nnx.scan
-    remat: str = "none"               # none | full | outputs  (gradient checkpointing per layer; outputs: keep sub-layer outputs)
+    remat: str = "none"               # none | full | outputs | dots  (gradient checkpointing per layer; outputs: keep sub-layer outputs)
+    attention: str = "einsum"         # full-sequence attention: einsum (XLA's) | fused (jax.nn.dot_product_attention: cuDNN on GPUs)
     dtype: str = "float32"            # compute dtype (bfloat16 on accelerators)
     param_dtype: str = "float32"
 
@@ -90,6 +92,7 @@ class BartConfig:
         if self.ln_type not in LN_TYPES: raise ValueError(f"BartConfig: ln_type must be one of {LN_TYPES}, got {self.ln_type!r}")
         if self.ln_positions not in LN_POSITIONS: raise ValueError(f"BartConfig: ln_positions must be one of {LN_POSITIONS}, got {self.ln_positions!r}")
         if self.remat not in REMATS: raise ValueError(f"BartConfig: remat must be one of {REMATS}, got {self.remat!r}")
+        if self.attention not in ("einsum", "fused"): raise ValueError(f"BartConfig: attention must be einsum or fused, got {self.attention!r}")
         if self.text_normalizer not in TEXT_NORMALIZERS: raise ValueError(f"BartConfig: text_normalizer must be one of {TEXT_NORMALIZERS}, got {self.text_normalizer!r}")
 
 # %% ../nbs/00a_model_configs.ipynb #ca2e322e

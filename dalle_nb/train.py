@@ -117,11 +117,18 @@ def _merge_replicas(x):
     return x.mean(0).astype(x.dtype) if jnp.issubdtype(x.dtype, jnp.inexact) else x[0]
 
 # %% ../nbs/15_train.ipynb #240fce4f
-def _grads_fn(graphdef, loss_fn, loss_scale: float = 1.0):
-    "`grads(params, rest, batch, key, scales) -> (loss, gradients (unscaled), overflow flags or None, metrics, other variables)`."
+def _compute_copy(params, dtype):
+    "The matrices (2-D and up) of `params` cast to `dtype` for the forward and backward passes; vectors (norms) kept."
+    if dtype is None: return params
+    return jax.tree.map(lambda x: x.astype(dtype) if x.ndim >= 2 and jnp.issubdtype(x.dtype, jnp.floating) else x, params)
+
+def _grads_fn(graphdef, loss_fn, loss_scale: float = 1.0, compute_dtype: str | None = None):
+    "`grads(params, rest, batch, key, scales) -> (loss, gradients (unscaled), overflow flags or None, metrics, other variables)`.\n\n"
+    "`compute_dtype`: the passes read a copy of the weights in that dtype, cast once per step; the gradients (and the\n\n"
+    "optimiser's master weights) stay in the parameters' own dtype."
     def grads(params, rest, batch, key, scales):
         def f(p, s):
-            m = nnx.merge(graphdef, p, jax.tree.map(lambda v: v, rest))   # fresh variables: the loss may update them
+            m = nnx.merge(graphdef, _compute_copy(p, compute_dtype), jax.tree.map(lambda v: v, rest))   # fresh variables: the loss may update them
             loss, metrics = loss_fn(m, batch, key, **({} if s is None else {"residual": scaled_residual(s)}))
             return loss * loss_scale, (loss, metrics, nnx.state(m, nnx.Not(nnx.Param)))
         (_, (loss, metrics, rest)), (g, flags) = jax.value_and_grad(f, argnums=(0, 1), has_aux=True)(params, scales)
@@ -210,7 +217,7 @@ def _init_fn(opt_init, shardings: TrainState, mesh: Mesh, rules):
 
 def make_sharded_train_step(loss_fn, model, tx: optax.GradientTransformation, mesh: Mesh | None = None, rules=RULES,
                             grad_accum: int = 1, reduce: GradReduction | bool | None = None, loss_scale: float = 1.0,
-                            block_scales: int = 0, scale_growth: int = 1000) -> TrainStep:
+                            block_scales: int = 0, scale_growth: int = 1000, compute_dtype: str | None = None) -> TrainStep:
     "Compile `loss_fn(model, batch, key) -> (loss, metrics)` into a sharded train step on `mesh` (default: one device)."
     mesh = make_mesh(devices=jax.devices()[:1]) if mesh is None else mesh
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
@@ -229,7 +236,7 @@ def make_sharded_train_step(loss_fn, model, tx: optax.GradientTransformation, me
     shardings = TrainState(rep, state_shardings(params, mesh, rules), state_shardings(rest, mesh, rules),
                            opt_state_shardings(abstract.opt, params, mesh, rules), rep)
     data = batch_sharding(mesh, 1, rules)        # a prefix for every array of the batch: leading axis split
-    grads = _replica_grads_fn(_grads_fn(graphdef, loss_fn, loss_scale), red, replicas, rules)
+    grads = _replica_grads_fn(_grads_fn(graphdef, loss_fn, loss_scale, compute_dtype), red, replicas, rules)
     train_step = _train_step_fn(_accumulated_fn(grads, grad_accum, red, replicas, data, shardings), tx, red, mesh, rules,
                                 extras, block_scales, scale_growth)
     step = jax.jit(train_step, in_shardings=(shardings, data, rep), out_shardings=(shardings, rep), donate_argnums=0)

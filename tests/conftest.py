@@ -34,7 +34,8 @@ if (os.environ.get("DALLE_NB_TEST_JAX_CACHE", "1") != "0" and "PYTEST_XDIST_WORK
 # its share in one consecutive block, which would give one worker every long test): the two workers share the long
 # tests out and end together, instead of one idling while the other runs a long notebook at the end.
 LONGEST_FIRST = ("test_cli.py::test_train_then_retrain", "test_notebook[15_train]", "test_notebook[15a_stages]",
-                 "test_peers.py::test_generate_bench_runs", "test_notebook[06_bart]", "test_notebook[13b_shampoo]",
+                 "test_peers.py::test_generate_bench_runs", "test_bench.py::test_gpu_sh_cpu_smoke_and_train",
+                 "test_multihost.py::test_the_eight_gpu_layout", "test_notebook[06_bart]", "test_notebook[13b_shampoo]",
                  "test_notebook[08_clip]", "test_notebook[07_sample]", "test_multihost.py::test_two_processes_train_like_one",
                  "test_notebook[20_train_dalle]", "test_bench.py::test_optimizers_runs", "test_notebook[05_vqgan]",
                  "test_notebook[10_pipeline]", "test_notebook[17_dvae]", "test_bench.py::test_paper_techniques_runs",

@@ -107,3 +107,25 @@ def test_fit_check_runs(tmp_path):
     assert all(0 < r["opt_gib"] < 16 and r["params_gib"] > 0 for r in rows)
     by = {(r["layout"], r["optimizer"]): r for r in rows}
     assert by["fsdp=32,mp=8", "Shampoo (preset)"]["params_gib"] < by["dp=32,mp=8", "Shampoo (preset)"]["params_gib"] / 8   # fsdp splits them 32 ways
+
+
+
+def test_gpu_sh_cpu_smoke_and_train(tmp_path):
+    "bench/gpu.sh --cpu-smoke: the device script's steps at tiny widths on CPU, every result under one folder; and the"
+    "rows bench/train.py writes there (the BART stage's step at a micro width: timed, its FLOPs, peak memory and MFU)."
+    r = subprocess.run(["bash", str(ROOT / "bench" / "gpu.sh"), "--cpu-smoke", str(tmp_path)], capture_output=True,
+                       text=True, timeout=3000, cwd=ROOT)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    assert dict(l.split() for l in (tmp_path / "steps.txt").read_text().splitlines()) == {"train": "0", "generate": "0"}
+    assert (tmp_path / "devices.txt").read_text().strip() and not (tmp_path / "bin").exists()
+    res = json.loads((tmp_path / "train" / "train.json").read_text())
+    assert [(r["remat"], r["batch"]) for r in res["rows"]] == [("full", 2)] and "uncausal" in res["flops_convention"]
+    (row,) = res["rows"]
+    assert "error" not in row, row
+    assert row["ms_per_step"] > 0 and 0 < row["mfu"] < 1 and row["peak_bytes"] > 0 and len(row["losses"]) == 3
+    assert row["model_flops_per_step"] == 2 * row["model_flops_by_part"]["train_per_sample"]
+    # full remat recomputes the forward pass: the compiled step does more FLOPs than the model's count (which has none)
+    assert 1.15 * row["model_flops_per_step"] < row["hlo_flops_per_step"] < 1.5 * row["model_flops_per_step"]
+    gen = json.loads((tmp_path / "generate" / "generate.json").read_text())
+    ours = gen["widths"]["small"]["ours"]
+    assert ours["rows"] and ours["cli"]["second_process_s"] > 0, ours        # and the second-process time

@@ -93,3 +93,21 @@ def test_two_processes_train_like_one(tmp_path):
     # the checkpoint was written by both processes (each its own shards)
     names = {p.name for p in (two / "bart" / "ckpt" / "4").rglob("*")}
     assert any("process_1" in n for n in names) and any("process_0" in n for n in names), sorted(names)
+
+
+def test_the_eight_gpu_layout_trains_like_one_device(tmp_path):
+    """The 8 x H100 plan (BENCHMARKS.md, "Training on GPUs"): the journal's recipe (Distributed Shampoo, full remat,
+    gradient accumulation) in the layout compiled for 8 H100s, as `dalle-nb train --mesh fsdp=8` on 8 fake CPU devices,
+    against the same run on one device: the same losses, step for step."""
+    eight, one = tmp_path / "eight", tmp_path / "one"
+    make_model_dir(eight)
+    shutil.copytree(eight / "model", one / "model")
+    recipe = [x for s in ("bart_train.optimizer=shampoo", "bart.remat=full", "bart_train.grad_accum=2",
+                          "bart_train.batch_size=16") for x in ("--set", s)]
+    finish(launch(eight, 8, [*recipe, "--mesh", "fsdp=8"], cache=tmp_path / "cache8"), "fsdp=8 on 8 devices")
+    finish(launch(one, 1, [*recipe, "--mesh", "dp=1"], cache=tmp_path / "cache1"), "one device")
+    h8, h1 = (json.loads((d / "history_bart.json").read_text()) for d in (eight, one))
+    assert [r["step"] for r in h8] == [r["step"] for r in h1] == [1, 2, 3, 4]
+    for a, b in zip(h8, h1):
+        for k in ("loss", "accuracy", "grad_norm", "val_loss"):
+            if k in b: assert a[k] == pytest.approx(b[k], rel=1e-4, abs=1e-6), (k, a, b)
