@@ -6,13 +6,14 @@ Docs: https://dalle-nb.github.io/dalle_nb/cli.html.md"""
 
 # %% ../nbs/11_cli.ipynb #32ad28c1
 from __future__ import annotations
-import argparse, contextlib, os, signal, sys, threading, time, warnings
+import argparse, contextlib, glob, os, re, signal, sys, threading, time, warnings
 from pathlib import Path
 from .cli_pod import add_pod_commands, add_gpu_commands   # `dalle-nb pod …`, `dalle-nb gpu …` (11a_cli_pod)
 
 # %% auto #0
-__all__ = ['UsageError', 'cmd_train', 'doctor', 'cmd_info', 'cmd_encode', 'cmd_convert', 'cmd_models', 'cmd_download',
-           'cmd_generate', 'build_parser', 'main']
+__all__ = ['UsageError', 'accelerator_here', 'skip_tpu_probe', 'cmd_train', 'doctor', 'shapes_vocabulary', 'unseen_words',
+           'unseen_notes', 'cmd_info', 'cmd_encode', 'cmd_convert', 'cmd_models', 'cmd_download', 'cmd_generate',
+           'build_parser', 'main']
 
 # %% ../nbs/11_cli.ipynb #66f096ee
 class UsageError(Exception):
@@ -28,6 +29,29 @@ def _enable_compile_cache():
         jax.config.update("jax_compilation_cache_dir", str(d))
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
     except (OSError, AttributeError): pass
+
+# %% ../nbs/11_cli.ipynb #f6cc6a23
+_TPU_FILES, _GPU_FILES = ("accel*", "vfio"), ("nvidia*", "dxg", "kfd")   # TPU VMs v2–v4 / v5+; NVIDIA, WSL2, AMD
+_GOOGLE_PCI_VENDOR = "0x1ae0"
+
+def accelerator_here(dev="/dev", pci="/sys/bus/pci/devices") -> bool:
+    "Whether this machine may hold a TPU or a GPU: its device files under `dev`, or a Google PCI device (a TPU chip)."
+    if any(glob.glob(os.path.join(dev, f)) for f in _TPU_FILES + _GPU_FILES): return True
+    def vendor(path):
+        try: return Path(path).read_text().strip()
+        except OSError: return ""
+    return any(vendor(v) == _GOOGLE_PCI_VENDOR for v in glob.glob(os.path.join(pci, "*", "vendor")))
+
+def skip_tpu_probe(env=None, libtpu: bool | None = None, **where) -> bool:
+    "Set `JAX_PLATFORMS=cpu` in `env` (default: `os.environ`) if libtpu is installed, no accelerator here, it is unset."
+    from dalle_nb.fitcheck import libtpu_available
+    env = os.environ if env is None else env
+    libtpu = libtpu_available() if libtpu is None else libtpu
+    if "JAX_PLATFORMS" in env or not libtpu or accelerator_here(**where): return False
+    env["JAX_PLATFORMS"] = "cpu"
+    if env is os.environ and "jax" in sys.modules:          # JAX read the variable when it was imported
+        sys.modules["jax"].config.update("jax_platforms", "cpu")
+    return True
 
 # %% ../nbs/11_cli.ipynb #859b4ec0
 def _train_sets(a, stages) -> list[str]:
@@ -117,6 +141,33 @@ def doctor(devices, gpus: list[str], tpu: list[str], cache_dir, host_memory: int
         if tpu: lines.append(f"warning: a TPU is attached ({tpu[0]}) but JAX sees only the CPU{why}; install libtpu: {_INSTALL['tpu']}")
     return lines
 
+# %% ../nbs/11_cli.ipynb #97ac6e4c
+def shapes_vocabulary() -> dict:
+    "The words of the shapes dataset's captions by kind (from `dalle_nb.shapes`): what a model trained on them knows."
+    from dalle_nb import shapes
+    return {"colours": list(shapes.PALETTE), "shapes": list(shapes.SHAPES), "sizes": list(shapes.SIZES),
+            "relations": list(shapes.RELATIONS)}
+
+def _words(text: str) -> list[str]: return re.findall(r"[a-z0-9]+", text)
+
+def unseen_words(prompt: str, text) -> list[str]:
+    "Words of `prompt` no shapes caption has, for a model trained on them (`text`: its `TextEncoder`); [] for others."
+    from dalle_nb import shapes
+    if text.normalizer != "dalle_nb": return []                       # converted models: trained on real captions
+    templates = re.sub(r"\{\w+\}", " ", " ".join(shapes.ONE_TEMPLATES + shapes.TWO_TEMPLATES))
+    known = set(_words(templates + " " + " ".join(w for ws in shapes_vocabulary().values() for w in ws)))
+    return list(dict.fromkeys(w for w in _words(text.normalize(prompt)) if w not in known))
+
+def unseen_notes(prompts, text) -> list[str]:
+    "One warning per prompt that uses words the model never saw."
+    return [f"{p!r}: the model never saw {', '.join(ws)} (it knows shapes' words: dalle-nb info lists them)"
+            for p in prompts if (ws := unseen_words(p, text))]
+
+def _say_vocabulary(text):
+    "Print the words a shapes-trained model knows (nothing for other models)."
+    if text.normalizer != "dalle_nb": return
+    print("words it knows: " + "; ".join(f"{k}: {', '.join(v)}" for k, v in shapes_vocabulary().items()))
+
 # %% ../nbs/11_cli.ipynb #c1000ff6
 def cmd_info(a) -> int:
     "The machine as JAX sees it (`doctor`), then a model directory (or a downloaded published set): config, parameter counts, model card."
@@ -138,6 +189,7 @@ def cmd_info(a) -> int:
     print(f"preset {m.cfg.name}: {'VQGAN' if m.cfg.image_tokenizer == 'vqgan' else 'dVAE'} {tok.resolution}px → {tok.grid}×{tok.grid} tokens of {tok.n_codes} codes{' (outline + colour per patch)' if getattr(tok, 'factored', False) else ''}; "
           f"transformer: {'BART (DALL·E Mega)' if m.cfg.arch == 'bart' else 'decoder-only sparse transformer (the DALL·E paper)'}")
     print("parameters: " + "  ".join(f"{n} {count(getattr(m, n)):,}" for n in ("vqgan", "dvae", "bart", "dalle", "clip") if getattr(m, n) is not None))
+    _say_vocabulary(m.text)
     if m.card: print("\n" + m.card.strip())
     return 0
 
@@ -305,11 +357,16 @@ def _say_plan(pipe, st, prompts):
           f"{est['total'] / 2**20:,.0f} MiB (weights {est['weights'] / 2**20:,.0f}, a batch {est['batch'] / 2**20:,.0f}, images kept {est['kept'] / 2**20:,.0f})", file=sys.stderr)
 
 def _say_written(written: dict, folders):
-    "Print each prompt's images (CLIP scores, files written, best first)."
+    "Print each prompt's images: CLIP scores, files written (in rank or candidate order), how many repeated a better one."
     for j, (r, paths) in sorted(written.items()):
         scores = "" if r.scores is None else "  clip scores: " + " ".join(f"{s:.3f}" for s in r.scores)
         print(f"{len(r.images)} image(s) for {r.prompt!r}{scores}")
-        print(f"  wrote {len(paths) - 1} PNG(s) and grid.png to {folders[j].dir.resolve()}, best first: " + " ".join(p.name for p in paths[:-1]))
+        if r.repeats and len(r.images) < r.settings.get("rerank", 0):
+            print(f"  only {len(r.images)} distinct of the {r.settings['rerank']} asked: {r.repeats} candidate(s) "
+                  "repeated a better one pixel for pixel")
+        order = "best first" if r.scores is not None else "in candidate order"
+        print(f"  wrote {len(paths) - 1} PNG(s) and grid.png to {folders[j].dir.resolve()}, {order}: "
+              + " ".join(p.name for p in paths[:-1]))
 
 # %% ../nbs/11_cli.ipynb #1ded30f6
 def cmd_generate(a) -> int:
@@ -322,6 +379,7 @@ def cmd_generate(a) -> int:
     t0 = time.perf_counter()
     pipe, st, notes = _checked(a, prompts)
     for n in notes: print(f"dalle-nb: warning: {n}", file=sys.stderr)
+    for n in unseen_notes(prompts, pipe.models.text): print(f"dalle-nb: warning: {n}", file=sys.stderr)
     out = Path(a.out)
     folders = [ImageFolder(d) for d in _writable(out, _folders(prompts))]
     total = st["n"] * len(prompts)
@@ -375,33 +433,47 @@ def _regenerate(a) -> int:
 
 # %% ../nbs/11_cli.ipynb #344b6754
 def _add_generate(sub):
-    "`dalle-nb generate`'s flags."
+    "`dalle-nb generate`'s flags (the sampling defaults it names are the shipped model's: the `shapes` preset's)."
+    from dalle_nb.config import get_config
+    s = get_config("shapes").sample
+    ours = lambda v: f"default: the model's, {v:g} for the shipped one"
     g = sub.add_parser("generate", help="text → images (PNG files that record how they were made, plus grid.png)")
     g.add_argument("prompt", nargs="?", default=None, help="what to draw")
     g.add_argument("--out", required=True, help="directory for the PNG files (a folder per prompt with --prompts)")
-    g.add_argument("--prompts", default=None, metavar="FILE", help="one prompt per line (blank lines and # comments skipped), drawn in shared batches")
-    g.add_argument("--from", dest="from_png", default=None, metavar="PNG", help="draw an image made by dalle-nb again, from the record in its PNG")
-    g.add_argument("--n", type=int, default=None, help="candidates to sample per prompt (default: the model's, 8 for the shipped one)")
-    g.add_argument("--rerank", type=int, default=None, help="keep the K best by CLIP score (0 = keep all, unranked)")
-    g.add_argument("--cond-scale", type=float, default=None, help="super-conditioning scale (1 = none)")
+    g.add_argument("--prompts", default=None, metavar="FILE", help="one prompt per line (blank lines and # comments "
+                   "skipped), drawn in shared batches (default: the prompt argument alone)")
+    g.add_argument("--from", dest="from_png", default=None, metavar="PNG",
+                   help="draw an image made by dalle-nb again, from the record in its PNG (default: new images)")
+    g.add_argument("--n", type=int, default=None, help=f"candidates to sample per prompt ({ours(s.n_candidates)})")
+    g.add_argument("--rerank", type=int, default=None,
+                   help=f"keep the K best distinct images by CLIP score (0 = keep all, unranked; {ours(s.rerank)})")
+    g.add_argument("--cond-scale", type=float, default=None,
+                   help=f"super-conditioning scale (1 = none; {ours(s.cond_scale)})")
     g.add_argument("--seed", type=int, default=None, help="candidate i of a seed is the same image whatever --n (default 0)")
-    g.add_argument("--temperature", type=float, default=None)
-    g.add_argument("--top-k", type=int, default=None, help="sample from the k most likely tokens (0 = all)")
-    g.add_argument("--top-p", type=float, default=None, help="nucleus sampling mass (1 = off)")
-    g.add_argument("--plausibility", type=float, default=None,
-                   help="keep only ids the conditional model gives >= this fraction of its top probability (0 = off)")
-    g.add_argument("--model", default=None, help="model directory, or a published set by name: mega, mini or their Hub ids, fetched "
-                                                 "and converted on first use (dalle-nb models lists them; default: the shipped shapes model)")
+    g.add_argument("--temperature", type=float, default=None,
+                   help=f"divide the logits by T before sampling (< 1: surer, > 1: more varied; {ours(s.temperature)})")
+    g.add_argument("--top-k", type=int, default=None,
+                   help=f"sample from the k most likely tokens (0 = all; {ours(s.top_k)})")
+    g.add_argument("--top-p", type=float, default=None, help=f"nucleus sampling mass (1 = off; {ours(s.top_p)})")
+    g.add_argument("--plausibility", type=float, default=None, help="keep only ids the conditional model gives >= this "
+                   f"fraction of its top probability (0 = off; {ours(s.plausibility)})")
+    g.add_argument("--model", default=None,
+                   help="model directory, or a published set by name: mega, mini or their Hub ids, fetched and "
+                        "converted on first use (dalle-nb models lists them; default: the shipped shapes model)")
     g.add_argument("--negative", default=None, metavar="TEXT",
-                   help="negative prompt: what not to draw (the caption super conditioning steers away from; needs --cond-scale other than 1)")
-    g.add_argument("--image-prompt", default=None, metavar="PNG", help="complete this image: keep the top --keep-rows token rows, draw the rest")
-    g.add_argument("--keep-rows", type=int, default=None, metavar="K", help="token rows of --image-prompt to keep (default: half the grid)")
-    g.add_argument("--progressive", type=int, default=None, metavar="K",
-                   help="every K tokens, write the partly drawn batch to OUT/progress/frame_NNNN.png; OUT/progress.gif at the end")
+                   help="negative prompt: what not to draw (the caption super conditioning steers away from; "
+                        "needs --cond-scale other than 1)")
+    g.add_argument("--image-prompt", default=None, metavar="PNG",
+                   help="complete this image: keep the top --keep-rows token rows, draw the rest (default: none)")
+    g.add_argument("--keep-rows", type=int, default=None, metavar="K",
+                   help="token rows of --image-prompt to keep (default: half the grid)")
+    g.add_argument("--progressive", type=int, default=None, metavar="K", help="every K tokens, write the partly drawn "
+                   "batch to OUT/progress/frame_NNNN.png; OUT/progress.gif at the end (default: off)")
     g.add_argument("--quantize", choices=("bfloat16", "int8"), default=None,
-                   help="the transformer's weights in bfloat16 or int8 (int8: ~2× faster token steps on a CPU, ¼ the memory; BENCHMARKS.md has the error)")
-    g.add_argument("--max-memory", type=float, default=None, metavar="GB",
-                   help="memory this process may use (GiB): batches are split to fit, or the request is refused (default: what is free)")
+                   help="the transformer's weights in bfloat16 or int8 (int8: ~2× faster token steps on a CPU, ¼ the "
+                        "memory; BENCHMARKS.md has the error; default: float32)")
+    g.add_argument("--max-memory", type=float, default=None, metavar="GB", help="memory this process may use (GiB): "
+                   "batches are split to fit, or the request is refused (default: what is free)")
     g.add_argument("--quiet", action="store_true", help="no progress bar")
     g.set_defaults(func=cmd_generate)
 
@@ -409,28 +481,34 @@ def _add_generate(sub):
 def _add_train(sub):
     "`dalle-nb train`'s flags."
     t = sub.add_parser("train", help="train VQGAN, BART and CLIP into a model directory")
-    t.add_argument("--preset", default="tiny", help="tiny (small, for trying things), shapes (the shipped model's recipe), mini, mega, dalle")
+    t.add_argument("--preset", default="tiny",
+                   help="tiny (small, for trying things), shapes (the shipped model's recipe), mini, mega, dalle")
     t.add_argument("--workdir", required=True, help="checkpoints, logs, and the model directory (workdir/model)")
-    t.add_argument("--set", action="append", metavar="SECTION.FIELD=VALUE", help="override a config field (repeatable)")
-    t.add_argument("--stages", default=None, help="comma-separated subset of vqgan,dvae,decoder,bart,dalle,clip (default: all of the config's)")
-    t.add_argument("--arch", choices=("bart", "dalle"), default=None,
-                   help="the transformer: bart (DALL·E Mega, the presets' default) or dalle (the DALL·E paper's decoder-only sparse transformer)")
-    t.add_argument("--optimizer", choices=("adam", "adafactor", "shampoo"), default=None,
-                   help="optimiser for every stage trained (default: the preset's; Shampoo's settings: --set STAGE_train.shampoo_*=...)")
-    t.add_argument("--mesh", default=None, metavar="LAYOUT",
-                   help="device layout for every stage trained, e.g. dp=32,mp=8 or fsdp=-1 (default: the preset's; all devices data-parallel)")
-    t.add_argument("--powersgd", type=int, default=None, metavar="RANK",
-                   help="PowerSGD: compress the transformer stage's data-parallel gradient all-reduce to this rank (the DALL·E paper's; 0 = off)")
-    t.add_argument("--loss-scale", type=float, default=None, metavar="S",
-                   help="multiply the transformer stage's loss by S before differentiating, divide the gradients back (float16 training)")
-    t.add_argument("--block-grad-scale", action="store_true",
-                   help="per-resblock gradient scales for the transformer stage (the DALL·E paper's float16 training; needs --arch dalle)")
-    t.add_argument("--coordinator", default=None, metavar="HOST:PORT",
-                   help="multi-process run: address of process 0 ('auto' on a TPU pod; or DALLE_NB_COORDINATOR)")
-    t.add_argument("--num-processes", type=int, default=None, help="multi-process run: how many processes (or DALLE_NB_NUM_PROCESSES)")
-    t.add_argument("--process-id", type=int, default=None, help="multi-process run: this process's index (or DALLE_NB_PROCESS_ID)")
-    t.add_argument("--data", action="append", default=None, metavar="DIR",
-                   help="train the bart stage on token shards written by `dalle-nb encode` (repeatable; needs --stages bart)")
+    t.add_argument("--set", action="append", metavar="SECTION.FIELD=VALUE",
+                   help="override a config field (repeatable; default: none)")
+    t.add_argument("--stages", default=None,
+                   help="comma-separated subset of vqgan,dvae,decoder,bart,dalle,clip (default: all of the config's)")
+    t.add_argument("--arch", choices=("bart", "dalle"), default=None, help="the transformer: bart (DALL·E Mega, the "
+                   "presets' default) or dalle (the DALL·E paper's decoder-only sparse transformer)")
+    t.add_argument("--optimizer", choices=("adam", "adafactor", "shampoo"), default=None, help="optimiser for every "
+                   "stage trained (default: the preset's; Shampoo's settings: --set STAGE_train.shampoo_*=...)")
+    t.add_argument("--mesh", default=None, metavar="LAYOUT", help="device layout for every stage trained, e.g. "
+                   "dp=32,mp=8 or fsdp=-1 (default: the preset's; all devices data-parallel)")
+    t.add_argument("--powersgd", type=int, default=None, metavar="RANK", help="PowerSGD: compress the transformer "
+                   "stage's data-parallel gradient all-reduce to this rank (the DALL·E paper's; 0 = off; default: the "
+                   "preset's, off)")
+    t.add_argument("--loss-scale", type=float, default=None, metavar="S", help="multiply the transformer stage's loss "
+                   "by S before differentiating, divide the gradients back (float16 training; default: the preset's, 1)")
+    t.add_argument("--block-grad-scale", action="store_true", help="per-resblock gradient scales for the transformer "
+                   "stage (the DALL·E paper's float16 training; needs --arch dalle)")
+    t.add_argument("--coordinator", default=None, metavar="HOST:PORT", help="multi-process run: address of process 0 "
+                   "('auto' on a TPU pod; or DALLE_NB_COORDINATOR; default: one process)")
+    t.add_argument("--num-processes", type=int, default=None,
+                   help="multi-process run: how many processes (or DALLE_NB_NUM_PROCESSES; default 1)")
+    t.add_argument("--process-id", type=int, default=None,
+                   help="multi-process run: this process's index (or DALLE_NB_PROCESS_ID; default 0)")
+    t.add_argument("--data", action="append", default=None, metavar="DIR", help="train the bart stage on token shards "
+                   "written by `dalle-nb encode` (repeatable; needs --stages bart; default: the shapes dataset)")
     t.add_argument("--quiet", action="store_true", help="no progress bars")
     t.set_defaults(func=cmd_train)
 
@@ -462,11 +540,11 @@ def _add_convert(sub):
     c.add_argument("--out", required=True, help="the model directory to write (new or empty)")
     c.add_argument("--vqgan", default=None, help="dalle-mini's VQGAN folder (flax_model.msgpack + config.json); "
                                                  "min-dalle default: detoker.pt in DIR or DIR/../vqgan (decoder only)")
-    c.add_argument("--clip", default=None, help="CLIP folder in transformers' layout (config.json, model.safetensors or "
-                                                "pytorch_model.bin, tokenizer) for reranking; without it, no reranking")
+    c.add_argument("--clip", default=None, help="CLIP folder in transformers' layout (config.json, model.safetensors "
+                   "or pytorch_model.bin, tokenizer) for reranking (default: none, no reranking)")
     c.add_argument("--dtype", choices=("float32", "float16", "bfloat16"), default="float32", help="parameters on disk (default float32)")
-    c.add_argument("--heads", type=int, default=None, help="min-dalle: attention heads of a BART that is neither Mini nor Mega "
-                                                            "(not stored in the files)")
+    c.add_argument("--heads", type=int, default=None, help="min-dalle: attention heads of a BART that is neither Mini "
+                   "nor Mega (not stored in the files; default: Mini's or Mega's, by the tensors' sizes)")
     c.set_defaults(func=cmd_convert)
 
 # %% ../nbs/11_cli.ipynb #c4ce65c4
@@ -480,17 +558,34 @@ def _add_hub(sub):
     d.set_defaults(func=cmd_download)
 
 # %% ../nbs/11_cli.ipynb #53b9263c
+class _Help(argparse.HelpFormatter):
+    "Help that ends an option's text with its default, unless the text already says it or there is none to say."
+    def _get_help_string(self, action):
+        h, d = action.help or "", action.default
+        none = d is None or d is False or d == [] or d == argparse.SUPPRESS
+        return h if "default" in h or not action.option_strings or none else f"{h} (default: {d})"
+
+def _parsers(p):
+    "`p` and every subcommand's parser under it."
+    yield p
+    for a in p._actions:
+        if isinstance(a, argparse._SubParsersAction):
+            for sp in a.choices.values(): yield from _parsers(sp)
+
 def build_parser() -> argparse.ArgumentParser:
-    "The `dalle-nb` argument parser: generate, train, info, encode, convert, pod, gpu."
-    p = argparse.ArgumentParser(prog="dalle-nb", description="DALL·E Mega in JAX/Flax: generate images from text, train models.")
+    "The `dalle-nb` argument parser: generate, train, info, encode, convert, pod, gpu; each option's help gives its default."
+    p = argparse.ArgumentParser(prog="dalle-nb",
+                                description="DALL·E Mega in JAX/Flax: generate images from text, train models.")
     sub = p.add_subparsers(dest="command", required=True)
     _add_generate(sub); _add_train(sub); _add_info_encode(sub); _add_convert(sub); _add_hub(sub)
     add_pod_commands(sub, UsageError)                 # dalle-nb pod create|setup|launch|logs|list|stop|delete|watch|fit
     add_gpu_commands(sub, UsageError)                 # dalle-nb gpu fit|train|list (16b_gpu)
+    for q in _parsers(p): q.formatter_class = _Help
     return p
 
 def main(argv=None) -> int:
     "Entry point of the `dalle-nb` console script."
+    skip_tpu_probe()                                  # before JAX starts a backend
     p = build_parser()
     a = p.parse_args(argv)
     _enable_compile_cache()

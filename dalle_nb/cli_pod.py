@@ -18,21 +18,24 @@ from .pod import (PodError, PodSpec, TrainJob, TPUPod, DryRun, Shell, LocalPod, 
 def _pod_args(p, name=True):
     "The flags every pod command shares: the pod's name, zone, project, `--dry-run`."
     if name: p.add_argument("name", help="the TPU VM (pod) name")
-    p.add_argument("--zone", default="europe-west4-a")
-    p.add_argument("--project", default=None)
+    p.add_argument("--zone", default="europe-west4-a", help="the pod's GCP zone")
+    p.add_argument("--project", default=None, help="GCP project (default: gcloud's configured one)")
     p.add_argument("--dry-run", action="store_true", help="print the commands instead of running them")
 
 def _job_args(p):
     "The flags that describe a training run (`launch`, `watch`)."
     p.add_argument("--run", required=True, help="run name (logs on each worker: ~/dalle_nb_runs/RUN.log)")
     p.add_argument("--workdir", required=True, help="shared work directory, or gs://bucket/path (mounted by setup)")
-    p.add_argument("--preset", default="mega")
-    p.add_argument("--stages", default="bart")
-    p.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE")
-    p.add_argument("--data", action="append", default=[], metavar="DIR", help="token shards for the bart stage (repeatable)")
-    p.add_argument("--mesh", default=None)
-    p.add_argument("--optimizer", default=None)
-    p.add_argument("--env", action="append", default=[], metavar="NAME=VALUE", help="environment variable for the training processes")
+    p.add_argument("--preset", default="mega", help="the configuration `dalle-nb train` starts from")
+    p.add_argument("--stages", default="bart", help="comma-separated stages to train")
+    p.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE",
+                   help="override a config field (repeatable; default: none)")
+    p.add_argument("--data", action="append", default=[], metavar="DIR",
+                   help="token shards for the bart stage (repeatable; default: none)")
+    p.add_argument("--mesh", default=None, help="device layout, e.g. dp=32,mp=8 (default: the preset's)")
+    p.add_argument("--optimizer", default=None, help="adam, adafactor or shampoo (default: the preset's)")
+    p.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
+                   help="environment variable for the training processes (repeatable; default: none)")
 
 # %% ../nbs/11a_cli_pod.ipynb #32d12541
 def _spec(a, **kw) -> PodSpec:
@@ -114,8 +117,10 @@ def _cmd(a) -> int:
 # %% ../nbs/11a_cli_pod.ipynb #178f0a3f
 def _create_args(p):
     "The flags of a new pod (`create`, `watch`)."
-    p.add_argument("--accelerator", default="v3-256"); p.add_argument("--version", default="tpu-ubuntu2204-base")
-    p.add_argument("--provisioning", choices=("spot", "preemptible", "standard"), default="spot")
+    p.add_argument("--accelerator", default="v3-256", help="TPU type and size")
+    p.add_argument("--version", default="tpu-ubuntu2204-base", help="TPU VM software version")
+    p.add_argument("--provisioning", choices=("spot", "preemptible", "standard"), default="spot",
+                   help="spot and preemptible VMs cost less and can be taken back")
 
 def _wheel_args(p):
     "The flags of the wheel `setup` installs (`setup`, `watch`)."
@@ -126,36 +131,48 @@ def _add_pod_lifecycle(ps):
     "`pod create|setup|launch|logs|list|stop|delete|watch`."
     p = ps.add_parser("create", help="create a TPU VM pod"); _pod_args(p); _create_args(p)
     p = ps.add_parser("setup", help="install this package (and mount GCS buckets) on every worker"); _pod_args(p); _wheel_args(p)
-    p.add_argument("--mount", action="append", default=[], metavar="BUCKET", help="GCS bucket to mount at /mnt/gcs/BUCKET (repeatable)")
+    p.add_argument("--mount", action="append", default=[], metavar="BUCKET",
+                   help="GCS bucket to mount at /mnt/gcs/BUCKET (repeatable; default: none)")
     p = ps.add_parser("launch", help="start `dalle-nb train` on every worker"); _pod_args(p); _job_args(p)
     p.add_argument("--local", type=int, default=0, metavar="N", help="instead: N processes on this machine (jax.distributed, CPU devices)")
     p.add_argument("--devices", type=int, default=2, help="--local: fake CPU devices per process")
     p.add_argument("--local-dir", default="runs/local-pod", help="--local: where each process keeps its log")
     p.add_argument("--wait", action="store_true", help="--local: wait for the processes; exit 1 unless all succeed")
-    p.add_argument("--timeout", type=float, default=3600)
+    p.add_argument("--timeout", type=float, default=3600, help="--local --wait: seconds to wait for the processes")
     p = ps.add_parser("logs", help="stream a run's log from a worker"); _pod_args(p)
-    p.add_argument("--run", required=True); p.add_argument("--worker", default="0"); p.add_argument("--lines", type=int, default=100)
-    p.add_argument("--no-follow", action="store_true")
+    p.add_argument("--run", required=True, help="run name")
+    p.add_argument("--worker", default="0", help="worker index, or all")
+    p.add_argument("--lines", type=int, default=100, help="lines of the log to print first")
+    p.add_argument("--no-follow", action="store_true", help="print the log and stop instead of following it")
     p = ps.add_parser("list", help="list the TPU VMs of a zone"); _pod_args(p, name=False)
-    p = ps.add_parser("stop", help="stop a run on every worker (the pod stays)"); _pod_args(p); p.add_argument("--run", required=True)
+    p = ps.add_parser("stop", help="stop a run on every worker (the pod stays)"); _pod_args(p)
+    p.add_argument("--run", required=True, help="run name")
     p = ps.add_parser("delete", help="delete the pod"); _pod_args(p)
     p = ps.add_parser("watch", help="keep a run going: recreate + relaunch after preemption"); _pod_args(p); _job_args(p); _create_args(p); _wheel_args(p)
-    p.add_argument("--max-restarts", type=int, default=10); p.add_argument("--poll", type=float, default=300)
+    p.add_argument("--max-restarts", type=int, default=10, help="relaunches after preemption before giving up")
+    p.add_argument("--poll", type=float, default=300, help="seconds between checks of the pod and the run")
 
 # %% ../nbs/11a_cli_pod.ipynb #4b17a895
 def _add_pod_fit(ps):
     "`pod fit`: the ahead-of-time fit check's flags."
     from dalle_nb.model_configs import REMATS
     p = ps.add_parser("fit", help="AOT-compile the train step for a TPU topology; exit 1 if it does not fit in HBM")
-    p.add_argument("--preset", default="mega"); p.add_argument("--topology", default="v3:8x16")
+    p.add_argument("--preset", default="mega", help="the configuration whose train step is compiled")
+    p.add_argument("--topology", default="v3:8x16", help="TPU generation and chip grid")
     p.add_argument("--mesh", default=None, help="layout (default: the preset's bart_train.mesh)")
     p.add_argument("--per-replica", type=int, default=None, help="samples per model replica per accumulation step (default: bart_train.batch_size)")
     p.add_argument("--accum", type=int, default=None, help="accumulation steps (default: bart_train.grad_accum)")
-    p.add_argument("--remat", choices=REMATS, default="full"); p.add_argument("--no-scan", action="store_true")
-    p.add_argument("--dtype", default=None); p.add_argument("--param-dtype", default=None); p.add_argument("--optimizer", default=None)
-    p.add_argument("--layers", type=int, default=None, help="encoder and decoder layers (to learn the cost of a compile)")
-    p.add_argument("--hbm-gib", type=float, default=None); p.add_argument("--set", action="append", default=[])
-    p.add_argument("--json", default=None, help="also write the report as JSON here")
+    p.add_argument("--remat", choices=REMATS, default="full",
+                   help="what the backward pass recomputes instead of storing")
+    p.add_argument("--no-scan", action="store_true", help="unroll the layers instead of scanning over them")
+    p.add_argument("--dtype", default=None, help="activations' dtype (default: the preset's)")
+    p.add_argument("--param-dtype", default=None, help="parameters' dtype (default: the preset's)")
+    p.add_argument("--optimizer", default=None, help="adam, adafactor or shampoo (default: the preset's)")
+    p.add_argument("--layers", type=int, default=None,
+                   help="encoder and decoder layers (to learn the cost of a compile; default: the preset's)")
+    p.add_argument("--hbm-gib", type=float, default=None, help="HBM per core in GiB (default: the TPU generation's)")
+    p.add_argument("--set", action="append", default=[], help="override a config field (repeatable; default: none)")
+    p.add_argument("--json", default=None, help="also write the report as JSON here (default: none)")
 
 def _add_worker_commands(ps):
     "`pod worker-start|worker-stop|worker-status`: what `launch`, `stop` and `watch` run on the workers."
@@ -163,9 +180,11 @@ def _add_worker_commands(ps):
                        ("worker-stop", "stop a run (stop runs this on every worker)"),
                        ("worker-status", "running / exit N / absent (watch asks worker 0)")):
         p = ps.add_parser(name, help=f"on a worker: {what}")
-        p.add_argument("--run", required=True); p.add_argument("--dir", default=f"~/{RUNS_DIR}")
-        if name == "worker-start": p.add_argument("argv", nargs="+")
-        if name == "worker-stop": p.add_argument("--grace", type=float, default=30)
+        p.add_argument("--run", required=True, help="run name")
+        p.add_argument("--dir", default=f"~/{RUNS_DIR}", help="where runs keep their logs and process ids")
+        if name == "worker-start": p.add_argument("argv", nargs="+", help="the command to run")
+        if name == "worker-stop":
+            p.add_argument("--grace", type=float, default=30, help="seconds between SIGTERM and SIGKILL")
 
 # %% ../nbs/11a_cli_pod.ipynb #d5fd27a1
 def add_pod_commands(sub, usage_error=PodError):

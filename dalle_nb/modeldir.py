@@ -23,8 +23,8 @@ from .dvae import DVAE
 from .dalle import DalleTransformer
 
 # %% auto #0
-__all__ = ['MODEL_FILES', 'required_files', 'ModelDirError', 'default_model_dir', 'Models', 'save_models', 'load_models',
-           'micro_config', 'micro_models']
+__all__ = ['MODEL_FILES', 'required_files', 'ModelDirError', 'default_model_dir', 'paper_model_dir', 'Models', 'save_models',
+           'load_models', 'micro_config', 'micro_models']
 
 # %% ../nbs/09_modeldir.ipynb #ec3bac07
 MODEL_FILES = ("config.json", "tokenizer.json", "vqgan.msgpack", "bart.msgpack")   # what a DALL·E Mega-style directory needs
@@ -41,6 +41,11 @@ def default_model_dir() -> Path:
     "The tiny shapes model shipped inside the package."
     import dalle_nb
     return Path(dalle_nb.__file__).parent / "assets" / "default"
+
+# %% ../nbs/09_modeldir.ipynb #a0c35f17
+def paper_model_dir() -> Path:
+    "The DALL·E paper's system at `tiny` size (dVAE + DALL·E transformer + CLIP), shipped beside the shapes model."
+    return default_model_dir().parent / "paper"
 
 # %% ../nbs/09_modeldir.ipynb #17c64d0d
 @dataclass

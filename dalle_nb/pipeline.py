@@ -269,6 +269,7 @@ class Result:
     settings: dict = field(default_factory=dict)
     seconds: float = 0.0
     model: str = ""                     # "shipped" or the model directory's path
+    repeats: int = 0                    # candidates left out of the ranking as pixel-identical to a better one
 
     def grid(self, ncols=None, limit: int = 64) -> np.ndarray:
         "The first `limit` images (best first) tiled into one picture."
@@ -287,21 +288,27 @@ class Result:
 
 # %% ../nbs/10_pipeline.ipynb #0b8ea453
 class Best:
-    "The best `k` finished candidates of one prompt, by CLIP score, best first (every candidate, in index order, when `k` is 0)."
-    def __init__(self, k: int): self.k, self.items = k, []          # (score, index, image, tokens)
+    "The best `k` distinct finished candidates of a prompt by CLIP score, best first (with `k` 0: all, in index order)."
+    def __init__(self, k: int):
+        self.k, self.items, self.seen, self.repeats = k, [], set(), 0      # items: (score, index, image, tokens)
 
     def add(self, indices, images, tokens, scores=None):
-        "Take a finished batch's candidates."
+        "Take a finished batch's candidates (ranking, one pixel-identical to a candidate seen before counts in `repeats`)."
         scores = [None] * len(indices) if scores is None else [float(s) for s in scores]
-        self.items += list(zip(scores, map(int, indices), images, tokens))
+        for item in zip(scores, map(int, indices), images, tokens):
+            if self.k and item[2].tobytes() in self.seen: self.repeats += 1; continue
+            if self.k: self.seen.add(item[2].tobytes())
+            self.items.append(item)
         self.items.sort(key=(lambda it: (-it[0], it[1])) if self.k else (lambda it: it[1]))
         if self.k: del self.items[self.k:]
 
     def result(self, prompt, settings, seconds, model, shape) -> Result:
         "The candidates kept, as a `Result` (`shape` `(H, W, 3)` when there are none yet)."
-        if not self.items: return Result(prompt, np.zeros((0, *shape), np.uint8), None, np.zeros((0, 0), np.int32), np.zeros(0, int), settings, seconds, model)
+        if not self.items: return Result(prompt, np.zeros((0, *shape), np.uint8), None, np.zeros((0, 0), np.int32),
+                                         np.zeros(0, int), settings, seconds, model)
         s, i, im, tk = zip(*self.items)
-        return Result(prompt, np.stack(im), None if s[0] is None else np.array(s, np.float32), np.stack(tk), np.array(i), settings, seconds, model)
+        return Result(prompt, np.stack(im), None if s[0] is None else np.array(s, np.float32), np.stack(tk), np.array(i),
+                      settings, seconds, model, self.repeats)
 
 # %% ../nbs/10_pipeline.ipynb #383e2af5
 @patch

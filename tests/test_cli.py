@@ -17,14 +17,15 @@ def run(*args, cwd=None):
 
 
 def best_first(stdout):
-    "The file names `generate` lists, best first."
-    return stdout.split("best first: ")[1].split("\n")[0].split()
+    "The file names `generate` lists: best first, or in candidate order with `--rerank 0`."
+    return re.search(r"(?:best first|in candidate order): (.*)", stdout).group(1).split()
 
 
 def test_generate_writes_pngs_best_first_that_remember(tmp_path):
     r = run("generate", "a red circle above a blue square", "--n", "6", "--rerank", "3", "--seed", "2", "--out", str(tmp_path / "o"), cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     names = best_first(r.stdout)
+    assert "best first: " in r.stdout
     assert sorted(p.name for p in (tmp_path / "o").iterdir()) == sorted(names + ["grid.png"])
     assert all(re.fullmatch(r"a-red-circle-above-a-blue-square_seed2_000[0-5]\.png", n) for n in names) and len(names) == 3
     img = np.asarray(Image.open(tmp_path / "o" / names[0]))
@@ -48,7 +49,7 @@ def test_same_seed_same_images(tmp_path):
     b = run("generate", "a green square", "--n", "2", "--rerank", "0", "--seed", "7", "--out", str(tmp_path / "b"), cwd=tmp_path)
     assert a.returncode == b.returncode == 0
     names = [f"a-green-square_seed7_{i:04d}.png" for i in range(2)]
-    assert best_first(a.stdout) == best_first(b.stdout) == names
+    assert best_first(a.stdout) == best_first(b.stdout) == names and "in candidate order: " in a.stdout   # --rerank 0: no ranking
     for name in names:
         assert (np.asarray(Image.open(tmp_path / "a" / name)) == np.asarray(Image.open(tmp_path / "b" / name))).all()
 
@@ -149,12 +150,39 @@ def test_long_prompt_and_unusual_text(tmp_path):
     assert r.returncode == 0 and "truncated" in r.stderr
     r = run("generate", "un zèbre 🦓 au café", "--n", "1", "--out", "odd", cwd=tmp_path)
     assert r.returncode == 0 and (tmp_path / "odd" / "grid.png").exists()
+    unseen = [l for l in r.stderr.splitlines() if "never saw" in l]      # the shipped model knows the shapes' words only
+    assert unseen == ["dalle-nb: warning: 'un zèbre 🦓 au café': the model never saw un, zebre, au, cafe "
+                      "(it knows shapes' words: dalle-nb info lists them)"], r.stderr
 
 
 def test_info():
+    from dalle_nb.shapes import PALETTE, SHAPES, SIZES, RELATIONS
     r = run("info")
     assert r.returncode == 0 and "parameters:" in r.stdout and "dalle_nb model" in r.stdout
     assert r.stdout.startswith("jax backend: cpu; 1 device(s): cpu:0") and "\ncompilation cache: " in r.stdout   # the doctor first
+    assert (f"colours: {', '.join(PALETTE)}; shapes: {', '.join(SHAPES)}; sizes: {', '.join(SIZES)}; "
+            f"relations: {', '.join(RELATIONS)}") in r.stdout
+
+
+def test_no_tpu_probe_noise_without_an_accelerator(tmp_path):
+    "With libtpu installed and no TPU or GPU, a `dalle-nb` command prints nothing on stderr (libtpu's errors included)."
+    from dalle_nb.cli import accelerator_here
+    from dalle_nb.fitcheck import libtpu_available
+    if not libtpu_available() or accelerator_here(): pytest.skip("needs libtpu installed and no TPU or GPU here")
+    env = one_device_env(drop=("JAX_PLATFORMS",), ALLOW_MULTIPLE_LIBTPU_LOAD="1",   # another process's libtpu lock would hide the probe
+                         DALLE_NB_CACHE=cli_cache(tmp_path))
+    r = subprocess.run([EXE, "info"], capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env)
+    assert r.returncode == 0 and r.stderr == "", r.stderr
+
+
+def test_readme_gives_the_shipped_recipes_time():
+    "The README's time for `--preset shapes` is the sum of the stages' minutes on the shipped model card (`dalle-nb info`)."
+    from dalle_nb.modeldir import default_model_dir
+    card = (default_model_dir() / "MODEL_CARD.md").read_text()
+    rows = [l.split("|") for l in card.splitlines() if l.startswith("| ") and not l.startswith("| stage")]
+    minutes = round(sum(float(r[5]) for r in rows))
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    assert f"--preset shapes --workdir runs/s # the shipped model, one command ({minutes} minutes" in readme
 
 
 MICRO = ["data.n_train=256", "data.n_val=64", *MICRO_SIZES,

@@ -139,3 +139,15 @@ def test_per_resblock_scaling_keeps_gradients_one_loss_scale_loses():
     assert all(err > 0.05 for err in errors.values()), errors               # no single float16 loss scale gets all blocks right
     g, flags = jax.grad(toy_loss, argnums=(0, 5))(ws, h0, c, gains, jnp.float16, jnp.array([2.0 ** 24, 2.0 ** 10, 1.0]))
     assert worst(g) < 0.01 and float(flags.sum()) == 0.0
+
+
+def test_the_shipped_paper_model_generates_from_the_cli(tmp_path):
+    "The DALL·E paper's system shipped beside the shapes model (dVAE + DALL·E transformer + CLIP): `generate --model` draws."
+    from dalle_nb.modeldir import load_models, paper_model_dir
+    m = load_models(paper_model_dir())
+    assert (m.cfg.arch, m.cfg.image_tokenizer, m.clip is not None) == ("dalle", "dvae", True)
+    assert "- `dalle-nb train " in m.card                                    # made by one command, which its card names
+    r = run("generate", "a red circle", "--model", str(paper_model_dir()), "--n", "2", "--rerank", "1", "--out", "o", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    pngs = list((tmp_path / "o").glob("a-red-circle_seed0_*.png"))
+    assert len(pngs) == 1 and np.asarray(Image.open(pngs[0])).shape == (64, 64, 3)
