@@ -65,13 +65,20 @@ def show_images(images, titles=None, ncols: int | None = None, scale: float = 1.
 _TEMP = re.compile(r"\..+\.(\d+)-[0-9a-f]{6}\.tmp")
 
 @contextlib.contextmanager
-def atomic_path(path):
-    "A temporary name beside `path`, unique to this writer: renamed to `path` if the block ends without error, else removed."
+def atomic_path(path, replace: bool = True):
+    "A temporary name beside `path`, unique to this writer: renamed to `path` if the block ends without error, else removed.\n\n"
+    "`replace=False`: `FileExistsError` rather than replace a file already there (a hard link: no race with another writer)."
     path = Path(path)
     tmp = path.with_name(f".{path.name}.{os.getpid()}-{secrets.token_hex(3)}.tmp")
     try:
         yield tmp
-        os.replace(tmp, path)
+        if replace: os.replace(tmp, path)
+        else:
+            try: os.link(tmp, path)
+            except FileExistsError: raise
+            except OSError:                                                  # a file system without hard links
+                if path.exists(): raise FileExistsError(17, "File exists", str(path)) from None
+                os.replace(tmp, path)
     finally: tmp.unlink(missing_ok=True)
 
 def _running(pid: int) -> bool:
@@ -94,13 +101,14 @@ def remove_stale_temps(folder) -> list[Path]:
 class ImageFileError(ValueError):
     "An image file that is missing or cannot be decoded."
 
-def save_png(image, path, text: dict | None = None) -> Path:
-    "Write one image as PNG, with `text` (str → str) in its text chunks; returns the path. Written whole or not at all (temp file + rename)."
+def save_png(image, path, text: dict | None = None, replace: bool = True) -> Path:
+    "Write one image as PNG, with `text` (str → str) in its text chunks; returns the path. Written whole or not at all (temp file + rename).\n\n"
+    "`replace=False`: `FileExistsError` if `path` exists (never another writer's file replaced)."
     from PIL.PngImagePlugin import PngInfo
     info = PngInfo()
     for k, v in (text or {}).items(): info.add_itxt(k, str(v))
     path = Path(path); path.parent.mkdir(parents=True, exist_ok=True)
-    with atomic_path(path) as tmp: Image.fromarray(to_uint8(image)).save(tmp, format="PNG", pnginfo=info)
+    with atomic_path(path, replace) as tmp: Image.fromarray(to_uint8(image)).save(tmp, format="PNG", pnginfo=info)
     return path
 
 def png_text(path) -> dict:

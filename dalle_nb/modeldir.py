@@ -135,7 +135,7 @@ def _read_config(path: Path, unrolled: bool = False) -> RunConfig:
         if unrolled: cfg = replace(cfg, bart=replace(cfg.bart, scan_layers=False))
     except ModelDirError: raise
     except json.JSONDecodeError as e: raise ModelDirError(f"{path / 'config.json'}: not valid JSON ({e})") from None
-    except (TypeError, ValueError, OSError) as e: raise ModelDirError(f"{path / 'config.json'}: {e}") from None
+    except (TypeError, ValueError, ArithmeticError, OSError) as e: raise ModelDirError(f"{path / 'config.json'}: {e}") from None
     missing = [f for f in required_files(cfg) if not (path / f).exists()]
     if missing: raise ModelDirError(f"model directory {path} is missing {', '.join(missing)}")
     return cfg
