@@ -2,10 +2,10 @@
 
 Property-based (hypothesis) over `generate`'s settings, PNG generation records and `config.json` values — run in-process
 (`dalle_nb.cli.main`, the checking functions) with the drawing itself stubbed where a valid request would otherwise
-compile: what is checked is that every request is either refused in one line, exit 2, nothing written, or accepted with
-settings the sampler can take. Then the disk and the processes for real: a full disk on a small tmpfs (root only; skipped
-elsewhere), two runs writing into one folder at once, and `kill -9` at random moments of `generate`, `encode` and training
-followed by a re-run that completes with nothing duplicated or lost. docs/faults.md has the table of these attempts.
+compile: what is checked is that every request is either refused in one line, exit 2, nothing written, or accepted
+with settings the sampler can take. Then the disk and the processes for real: a full disk on a small tmpfs (root only;
+skipped elsewhere), two runs writing into one folder at once, and `kill -9` at random moments of `generate`, `encode`
+and training followed by a re-run that completes with nothing duplicated or lost. docs/faults.md: the table of attempts.
 """
 import contextlib, io, json, math, os, random, shutil, signal, subprocess, sys, time
 from pathlib import Path
@@ -55,8 +55,9 @@ def stubbed(tmp_path_factory):
         idx = np.arange(min(s["n"], 2)) if indices is None else np.asarray(indices)
         res = self.cfg.tokenizer_cfg.resolution
         p, i = np.repeat(np.arange(len(prompts)), len(idx)), np.tile(idx, len(prompts))
-        yield pipeline.Step(p, i, np.full((len(p), res, res, 3), 128, np.uint8), np.zeros((len(p), self.image_len), np.int32),
-                            self.image_len, self.image_len, len(p), len(p), np.zeros(len(p), np.float32) if s["rerank"] else None)
+        grey, tokens = np.full((len(p), res, res, 3), 128, np.uint8), np.zeros((len(p), self.image_len), np.int32)
+        scores = np.zeros(len(p), np.float32) if s["rerank"] else None
+        yield pipeline.Step(p, i, grey, tokens, self.image_len, self.image_len, len(p), len(p), scores)
     mp.setattr(pipeline.Pipeline, "stream", stream)
     yield seen
     mp.undo()
@@ -77,7 +78,7 @@ FLAGS = ["--n", "--rerank", "--cond-scale", "--seed", "--temperature", "--top-k"
          "--keep-rows", "--progressive", "--max-memory"]
 VALUES = st.one_of(st.integers(-2**70, 2**70).map(str), st.integers(-3, 40).map(str),
                    st.floats(allow_nan=True, allow_infinity=True).map(repr), st.floats(-2, 3).map(str),
-                   st.sampled_from(["nan", "-inf", "1e999", "0x10", "", " ", "1_000", "٣", "9223372036854775808", "0.5"]),
+                   st.sampled_from(["nan", "-inf", "1e999", "0x10", "", " ", "1_000", "٣", "9223372036854775808"]),
                    st.text(max_size=12))
 
 
@@ -103,7 +104,8 @@ def test_the_requests_of_the_issue(stubbed, tmp_path):
     for argv, says in [(["--n", "9223372036854775808"], "--n must be in [1, 2147483647]"),
                        (["--keep-rows", "2"], "--keep-rows needs --image-prompt"),
                        (["--prompts", str(png)], "cannot read it")]:
-        code, o, err = call("generate", *(["a red circle"] if "--prompts" not in argv else []), *argv, "--out", tmp_path / "x")
+        prompt = ["a red circle"] if "--prompts" not in argv else []
+        code, o, err = call("generate", *prompt, *argv, "--out", tmp_path / "x")
         refused_cleanly(code, o, err, tmp_path / "x"); assert says in err, err
     code, o, err = call("generate", "a red circle", "--out", "")
     assert code == 2 and "--out is empty" in err and not any(Path(".").glob("a-red-circle_seed*.png"))
@@ -114,8 +116,9 @@ def test_the_requests_of_the_issue(stubbed, tmp_path):
 
 
 # -------------------------------------------------------------------------------------------------- PNG records
-JSON = st.recursive(st.none() | st.booleans() | st.integers(-2**66, 2**66) | st.floats(allow_nan=True) | st.text(max_size=8),
-                    lambda kids: st.lists(kids, max_size=3) | st.dictionaries(st.text(max_size=6), kids, max_size=3), max_leaves=8)
+SCALARS = st.none() | st.booleans() | st.integers(-2**66, 2**66) | st.floats(allow_nan=True) | st.text(max_size=8)
+NEST = lambda kids: st.lists(kids, max_size=3) | st.dictionaries(st.text(max_size=6), kids, max_size=3)
+JSON = st.recursive(SCALARS, NEST, max_leaves=8)
 FIELDS = ["n", "rerank", "cond_scale", "seed", "temperature", "top_k", "top_p", "plausibility", "batch", "keep_rows",
           "image_prompt", "quantize"]
 
@@ -126,8 +129,10 @@ def record_png(path, rec) -> Path:
 
 @pytest.fixture(scope="module")
 def good_record():
-    return dict(prompt="a red circle", seed=0, index=1, rank=0, clip_score=None, model="shipped", version="x", tokens=[0] * 128,
-                settings=dict(n=2, rerank=0, cond_scale=2.0, seed=0, temperature=1.0, top_k=0, top_p=1.0, plausibility=0.0, batch=2))
+    settings = dict(n=2, rerank=0, cond_scale=2.0, seed=0, temperature=1.0, top_k=0, top_p=1.0, plausibility=0.0,
+                    batch=2)
+    return dict(prompt="a red circle", seed=0, index=1, rank=0, clip_score=None, model="shipped", version="x",
+                tokens=[0] * 128, settings=settings)
 
 
 @FAST
@@ -147,7 +152,9 @@ def test_any_png_record_is_refused_in_one_line_or_drawn_right(stubbed, good_reco
         assert len(list((d / "out").glob("a-red-circle_seed*.png"))) == 1, sorted((d / "out").iterdir())
         assert f"seed {rec['settings'].get('seed', 0)}," in o                        # the seed used, not the record's
         tally("PNG records (--from)", "drawn again, one PNG")
-    else: refused_cleanly(code, o, err, d / "out"); tally("PNG records (--from)", "refused: one line, exit 2, nothing written")
+    else:
+        refused_cleanly(code, o, err, d / "out")
+        tally("PNG records (--from)", "refused: one line, exit 2, nothing written")
 
 
 def test_a_record_asking_for_a_batch_past_memory_is_refused(stubbed, good_record, tmp_path):
@@ -167,8 +174,10 @@ SECTIONS = [k for k, v in SHIPPED.items() if isinstance(v, dict)]
 def config_change(draw):
     "A path into the shipped config (a section and maybe a field) and a new value for it."
     sec = draw(st.sampled_from(SECTIONS + ["name", "arch"]))
-    field = draw(st.sampled_from(sorted(SHIPPED[sec]))) if isinstance(SHIPPED[sec], dict) and draw(st.booleans()) else None
-    value = draw(st.one_of(JSON, st.integers(-2**40, 2**40), st.sampled_from([0, 1, 10**7, "128", "object", float("nan")])))
+    whole = not isinstance(SHIPPED[sec], dict) or draw(st.booleans())
+    field = None if whole else draw(st.sampled_from(sorted(SHIPPED[sec])))
+    odd = st.sampled_from([0, 1, 10**7, "128", "object", float("nan")])
+    value = draw(st.one_of(JSON, st.integers(-2**40, 2**40), odd))
     return sec, field, value
 
 
@@ -186,7 +195,8 @@ def test_any_config_value_is_refused_in_one_line_or_loads(tmp_path_factory, chan
     t0 = time.perf_counter()
     try: c = _read_config(d)
     except ModelDirError as e:
-        assert "\n" not in str(e) and len(str(e)) < 600, str(e); tally("config.json values", "refused: one line, before building")
+        assert "\n" not in str(e) and len(str(e)) < 600, str(e)
+        tally("config.json values", "refused: one line, before building")
     else:
         tally("config.json values", "loaded, every float finite")
         from dataclasses import fields, is_dataclass
@@ -230,7 +240,8 @@ def test_a_full_disk_is_one_line_and_keeps_what_is_finished(tiny_disk, tmp_path)
             "--quiet", cwd=tmp_path)
     assert r.returncode == 1, (r.returncode, r.stderr)
     last = r.stderr.strip().splitlines()[-1]
-    assert "Traceback" not in r.stderr and last.startswith("dalle-nb: error: cannot write into") and "No space left" in last
+    assert "Traceback" not in r.stderr and "No space left" in last
+    assert last.startswith("dalle-nb: error: cannot write into")
     kept = pngs_whole(tiny_disk / "o")
     assert f"kept the {len([n for n in kept if n.startswith('a-red')])} finished image(s)" in last, (last, kept)
     if (tiny_disk / "o" / "progress.gif").exists(): Image.open(tiny_disk / "o" / "progress.gif").load()
@@ -240,8 +251,10 @@ def test_a_full_disk_is_one_line_and_keeps_what_is_finished(tiny_disk, tmp_path)
 def test_two_runs_into_one_folder(tmp_path):
     "Item 4: two `generate` at once into one --out, same prompt, other settings: both finish, neither loses a file."
     out, env = tmp_path / "o", one_device_env(DALLE_NB_CACHE=cli_cache(tmp_path))
-    cmds = [[EXE, "generate", "a red circle", "--n", str(n), "--rerank", "0", "--out", str(out), "--quiet"] for n in (3, 4)]
-    procs = [subprocess.Popen(c, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path, env=env) for c in cmds]
+    cmds = [[EXE, "generate", "a red circle", "--n", str(n), "--rerank", "0", "--out", str(out), "--quiet"]
+            for n in (3, 4)]
+    procs = [subprocess.Popen(c, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path, env=env)
+             for c in cmds]
     results = [(p.wait(600), *p.communicate()) for p in procs]
     assert all(code == 0 for code, _, _ in results), [err[-2000:] for _, _, err in results]
     names = pngs_whole(out)
@@ -261,7 +274,7 @@ def kill_at_random(cmd, cwd, env, rng, low, high):
 
 
 def test_generate_killed_at_random_then_rerun(tmp_path):
-    "SIGKILL anywhere in `generate`; the same command again finishes with each image once (the killed run's are taken over)."
+    "SIGKILL anywhere in `generate`; the same command again finishes with each image once (the killed run's adopted)."
     rng, env = random.Random(45), one_device_env(DALLE_NB_CACHE=cli_cache(tmp_path))
     args = ["generate", "a blue square", "--n", "6", "--rerank", "3", "--out", str(tmp_path / "o"), "--quiet"]
     first = run(*args, cwd=tmp_path)                      # also warms the compile cache
@@ -273,7 +286,8 @@ def test_generate_killed_at_random_then_rerun(tmp_path):
         again = run(*args, cwd=tmp_path)
         assert again.returncode == 0, again.stderr
         assert pngs_whole(tmp_path / "o") == want         # the same files, none twice (no -2 names), none lost
-        tally("kill -9 in generate, then the same command", "re-run exit 0, the same files once each" + (" (ran to the end first)" if killed == 0 else ""))
+        tally("kill -9 in generate, then the same command",
+              "re-run exit 0, the same files once each" + (" (ran to the end first)" if killed == 0 else ""))
         shutil.rmtree(tmp_path / "o")
 
 
@@ -285,20 +299,24 @@ def test_encode_killed_at_random_then_rerun(tmp_path):
     src = tmp_path / "pics"; src.mkdir()
     for i, (im, c) in enumerate(zip(imgs, caps)):
         save_png(im, src / f"{i:03d}.png"); (src / f"{i:03d}.txt").write_text(c)
-    args = [EXE, "encode", str(src), "--out", str(tmp_path / "tok"), "--shard-size", "8", "--batch-size", "8", "--quiet"]
+    args = [EXE, "encode", str(src), "--out", str(tmp_path / "tok"), "--shard-size", "8", "--batch-size", "8",
+            "--quiet"]
     env, rng = one_device_env(DALLE_NB_CACHE=cli_cache(tmp_path)), random.Random(7)
-    for trial in range(2): tally("kill -9 in encode", "killed" if kill_at_random(args, tmp_path, env, rng, 2.0, 10.0) else "ran to the end")
+    for trial in range(2):
+        code = kill_at_random(args, tmp_path, env, rng, 2.0, 10.0)
+        tally("kill -9 in encode", "killed" if code else "ran to the end")
     r = subprocess.run(args, capture_output=True, text=True, cwd=tmp_path, env=env, timeout=600)
     assert r.returncode == 0, r.stderr
     man = json.loads((tmp_path / "tok" / "manifest.json").read_text())
-    keys = [k for s in man["shards"] for k in pq.read_table(tmp_path / "tok" / s["file"], columns=["key"])["key"].to_pylist()]
+    read = lambda s: pq.read_table(tmp_path / "tok" / s["file"], columns=["key"])["key"].to_pylist()
+    keys = [k for s in man["shards"] for k in read(s)]
     assert sorted(keys) == [f"{i:03d}.png" for i in range(40)] and man["rows"] == 40
     assert not list((tmp_path / "tok").glob("*.tmp"))
     tally("kill -9 in encode", "re-run exit 0, every record once")
 
 
 def test_train_killed_at_random_then_resumed(tmp_path):
-    "SIGKILL at a random moment of `fit` (tests/test_preemption.py's run); resuming reproduces the uninterrupted losses."
+    "SIGKILL at a random moment of `fit` (test_preemption.py's run); resuming reproduces the uninterrupted losses."
     import test_preemption as tp
     ref = tp.run(tmp_path / "ref", "none", tmp_path / "ref.json")
     assert ref.returncode == 0, ref.stderr
@@ -314,14 +332,47 @@ def test_train_killed_at_random_then_resumed(tmp_path):
 
 
 def test_a_full_disk_during_a_checkpoint_is_one_error_and_no_partial_checkpoint(tiny_disk, capfd):
-    "Item 5 (train): orbax fails on a full tmpfs; one `CheckpointError`, little on stderr, the last whole checkpoint kept."
+    "Item 5 (train): orbax fails on a full tmpfs; one `CheckpointError`, little on stderr, the last checkpoint kept."
     import jax.numpy as jnp
     from dalle_nb.train import Checkpointer, CheckpointError
     ck = Checkpointer(tiny_disk / "ckpt")
     ck.save(1, {"w": jnp.ones(8)}, {"step": 1})
     capfd.readouterr()
     with pytest.raises(CheckpointError, match="checkpoint 2 could not be written .*No space left on device") as e:
-        ck.save(2, {"w": jnp.asarray(np.random.default_rng(0).normal(size=2**20), jnp.float32)}, {"step": 2})   # 4 MiB into 1
+        noise = jnp.asarray(np.random.default_rng(0).normal(size=2**20), jnp.float32)   # 4 MiB that do not compress
+        ck.save(2, {"w": noise}, {"step": 2})
     assert "\n" not in str(e.value) and len(capfd.readouterr().err) < 2000
-    assert sorted(p.name for p in (tiny_disk / "ckpt").iterdir()) == ["1"] and Checkpointer(tiny_disk / "ckpt").latest == 1
-    tally("full disk: a training checkpoint", "one CheckpointError line; no partial checkpoint, the last whole one kept")
+    assert sorted(p.name for p in (tiny_disk / "ckpt").iterdir()) == ["1"]
+    assert Checkpointer(tiny_disk / "ckpt").latest == 1
+    tally("full disk: a training checkpoint", "one CheckpointError line; no partial checkpoint, the last one kept")
+
+
+def test_ctrl_c_in_encode_is_one_line_and_resumes(tmp_path):
+    "Item 6: SIGINT during `encode` gave a KeyboardInterrupt traceback; now one line, exit 130, and a re-run finishes."
+    from dalle_nb.shapes import make_split
+    imgs, caps = make_split("val", 48, seed=5)
+    src = tmp_path / "pics"; src.mkdir()
+    for i, (im, c) in enumerate(zip(imgs, caps)):
+        save_png(im, src / f"{i:03d}.png"); (src / f"{i:03d}.txt").write_text(c)
+    args = [EXE, "encode", str(src), "--out", str(tmp_path / "tok"), "--shard-size", "8", "--batch-size", "8",
+            "--quiet"]
+    env = one_device_env(DALLE_NB_CACHE=cli_cache(tmp_path))
+    p = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path, env=env)
+    while not (tmp_path / "tok" / "manifest.json").exists() and p.poll() is None: time.sleep(0.05)   # it has begun
+    p.send_signal(signal.SIGINT)
+    out, err = p.communicate(timeout=600)
+    if p.returncode == 0: pytest.skip("encode finished before the interrupt reached it")
+    assert p.returncode == 130 and "Traceback" not in err, err
+    assert err.strip().splitlines()[-1].startswith("dalle-nb: interrupted"), err
+    r = subprocess.run(args, capture_output=True, text=True, cwd=tmp_path, env=env, timeout=600)
+    assert r.returncode == 0 and json.loads((tmp_path / "tok" / "manifest.json").read_text())["rows"] == 48, r.stderr
+    tally("Ctrl-C in encode", "one line, exit 130; the re-run completes")
+
+
+def test_a_long_prompt_is_named_not_echoed_and_warned_once(tmp_path):
+    "Item 8: a 100,000-character prompt: the truncation warning once, no line of output longer than a screen."
+    r = run("generate", "a red circle " * 7700, "--n", "1", "--rerank", "0", "--out", tmp_path / "o", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert r.stderr.count("truncated") == 1 and "warnings.warn" not in r.stderr, r.stderr
+    assert max(len(line) for line in (r.stdout + r.stderr).splitlines()) < 300
+    tally("a 100,000-character prompt", "drawn; warned once; no line over 300 characters")
