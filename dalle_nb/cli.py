@@ -173,7 +173,8 @@ def _writable(out: Path, names: list[str]) -> list[Path]:
     try:
         for d in dirs:
             d.mkdir(parents=True, exist_ok=True)
-            probe = d / ".dalle-nb-write-test"; probe.write_bytes(b""); probe.unlink()
+            probe = d / f".dalle-nb-write-test.{os.getpid()}-{os.urandom(3).hex()}.tmp"   # its own: two runs at once
+            probe.write_bytes(b""); probe.unlink()
     except OSError as e: raise UsageError(f"--out {out}: cannot write there ({e.strerror or e})") from None
     return dirs
 

@@ -234,16 +234,17 @@ def tiny_disk(tmp_path):
 
 
 def test_a_full_disk_is_one_line_and_keeps_what_is_finished(tiny_disk, tmp_path):
-    "Item 5: fill the tmpfs but ~30 KB, ask for 16 images with frames: one line, exit 1, every file left whole."
-    (tiny_disk / "filler").write_bytes(b"\0" * (1024 * 1024 - 30 * 1024))
-    r = run("generate", "a red circle", "--n", "16", "--rerank", "0", "--progressive", "64", "--out", tiny_disk / "o",
+    "Item 5: fill the tmpfs but ~100 KB, ask for 32 images with frames: one line, exit 1, every file left whole."
+    (tiny_disk / "filler").write_bytes(b"\0" * (1024 * 1024 - 100 * 1024))
+    r = run("generate", "a red circle", "--n", "32", "--rerank", "0", "--progressive", "64", "--out", tiny_disk / "o",
             "--quiet", cwd=tmp_path)
     assert r.returncode == 1, (r.returncode, r.stderr)
     last = r.stderr.strip().splitlines()[-1]
     assert "Traceback" not in r.stderr and "No space left" in last
     assert last.startswith("dalle-nb: error: cannot write into")
     kept = pngs_whole(tiny_disk / "o")
-    assert f"kept the {len([n for n in kept if n.startswith('a-red')])} finished image(s)" in last, (last, kept)
+    n = len([n for n in kept if n.startswith("a-red")])
+    assert f"kept the {n} finished image(s)" in last and n > 0, (last, kept)
     if (tiny_disk / "o" / "progress.gif").exists(): Image.open(tiny_disk / "o" / "progress.gif").load()
     tally("full disk: generate --progressive", f"one line, exit 1; {len(kept)} whole PNG(s) kept, no temporary file")
 
@@ -281,7 +282,7 @@ def test_generate_killed_at_random_then_rerun(tmp_path):
     assert first.returncode == 0, first.stderr
     want = pngs_whole(tmp_path / "o")
     shutil.rmtree(tmp_path / "o")
-    for trial in range(3):
+    for trial in range(2):
         killed = kill_at_random([EXE, *args], tmp_path, env, rng, 1.0, 9.0)
         again = run(*args, cwd=tmp_path)
         assert again.returncode == 0, again.stderr
