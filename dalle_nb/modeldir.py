@@ -193,11 +193,15 @@ def _write_json(path: Path, obj):
     from dalle_nb.images import atomic_path
     with atomic_path(path) as tmp: tmp.write_text(json.dumps(obj, indent=1))
 
+def _loaded(name: str) -> bool:
+    "Whether `load_models` reads file `name` (what the manifest covers; a model card or a history can be edited freely)."
+    return name in ("config.json", "tokenizer.json", "clip_tokenizer.json") or name.endswith(".msgpack")
+
 def write_manifest(path) -> Path:
-    "Write `manifest.json` into model directory `path`: the size and SHA-256 of every other file in it."
+    "Write `manifest.json` into model directory `path`: the size and SHA-256 of every file loading reads."
     path = Path(path)
     files = {p.name: dict(size=p.stat().st_size, sha256=_sha256(p)) for p in sorted(path.iterdir())
-             if p.is_file() and p.name != MANIFEST and not p.name.startswith(".")}
+             if p.is_file() and _loaded(p.name) and not p.name.startswith(".")}
     _write_json(path / MANIFEST, dict(format=1, files=files))
     return path / MANIFEST
 
