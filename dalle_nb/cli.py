@@ -277,7 +277,7 @@ def cmd_generate(a) -> int:
     from dalle_nb.pipeline import ImageFolder
     if not a.out.strip(): raise UsageError("--out is empty: name the directory for the images")
     if a.from_png is not None: return _regenerate(a)
-    if a.keep_rows is not None and a.image_prompt is None: raise UsageError("--keep-rows needs --image-prompt (the image whose top rows are kept)")
+    if a.keep_rows is not None and a.image_prompt is None: raise UsageError("--keep-rows needs an image prompt (--image-prompt: the image whose top rows are kept)")
     prompts = _prompts(a)
     t0 = time.perf_counter()
     pipe, st, notes = _checked(a, prompts)

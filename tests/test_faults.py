@@ -102,7 +102,7 @@ def test_the_requests_of_the_issue(stubbed, tmp_path):
     "Item 6/8: each a sentence, before any work."
     png = save_png(np.zeros((8, 8, 3), np.uint8), tmp_path / "list.png", text={"dalle_nb": "[1, 2]"})
     for argv, says in [(["--n", "9223372036854775808"], "--n must be in [1, 2147483647]"),
-                       (["--keep-rows", "2"], "--keep-rows needs --image-prompt"),
+                       (["--keep-rows", "0"], "--keep-rows needs an image prompt"),
                        (["--prompts", str(png)], "cannot read it")]:
         prompt = ["a red circle"] if "--prompts" not in argv else []
         code, o, err = call("generate", *prompt, *argv, "--out", tmp_path / "x")
