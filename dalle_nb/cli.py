@@ -11,13 +11,21 @@ from pathlib import Path
 from .cli_pod import add_pod_commands, add_gpu_commands   # `dalle-nb pod …`, `dalle-nb gpu …` (11a_cli_pod)
 
 # %% auto #0
-__all__ = ['UsageError', 'accelerator_here', 'skip_tpu_probe', 'cmd_train', 'doctor', 'shapes_vocabulary', 'unseen_words',
-           'unseen_notes', 'cmd_info', 'cmd_encode', 'cmd_convert', 'cmd_models', 'cmd_download', 'cmd_generate',
-           'build_parser', 'main']
+__all__ = ['UsageError', 'RunFailure', 'accelerator_here', 'skip_tpu_probe', 'cmd_train', 'doctor', 'shapes_vocabulary',
+           'unseen_words', 'unseen_notes', 'cmd_info', 'cmd_encode', 'cmd_convert', 'cmd_models', 'cmd_download',
+           'cmd_generate', 'build_parser', 'main']
 
 # %% ../nbs/11_cli.ipynb #66f096ee
 class UsageError(Exception):
     "A mistake in how the command was called (reported in one line, exit status 2)."
+
+class RunFailure(Exception):
+    "A run that started and could not finish — a full disk, a failed checkpoint (reported in one line, exit status 1)."
+
+def _q(text: str, most: int = 80) -> str:
+    "`repr(text)`, its middle cut out past `most` characters: a 100,000-character prompt is named, not echoed."
+    r = repr(text)
+    return r if len(r) <= most else f"{r[:most - 20]}…{r[-15:]} ({len(text):,} characters)"
 
 def _enable_compile_cache():
     "Keep compiled programs between runs (~/.cache/dalle_nb/jax, or under $DALLE_NB_CACHE), so a second `generate` starts fast; DALLE_NB_COMPILE_CACHE=0 turns it off."
@@ -77,6 +85,7 @@ def cmd_train(a) -> int:
     "Train the stages of a preset (with `--set` overrides) into `--workdir`; the model directory is `workdir/model`."
     from dalle_nb.config import parse_mesh
     from dalle_nb.sharding import init_distributed, is_primary
+    if Path(a.workdir).exists() and not Path(a.workdir).is_dir(): raise UsageError(f"--workdir {a.workdir} is a file; name a directory")
     try:
         init_distributed(a.coordinator, a.num_processes, a.process_id)   # before anything touches a device
         if a.mesh is not None: parse_mesh(a.mesh)
@@ -92,6 +101,8 @@ def cmd_train(a) -> int:
         raise UsageError("--block-grad-scale needs --arch dalle: it scales the DALL·E transformer's residual blocks (BART's have no hook)")
     try: out = train_all(cfg, a.workdir, stages=stages, progress=not a.quiet, command=_train_command(a), data=a.data)
     except (TrainSetupError, ValueError) as e: raise UsageError(str(e)) from None
+    except OSError as e: raise RunFailure(f"training stopped: {e.strerror or e}{f' ({e.filename})' if e.filename else ''}; "
+                                          "the last complete checkpoint is kept: run the same command again to resume") from None
     if is_primary(): print(f"model directory: {Path(out).resolve()}")
     return 0
 
@@ -189,9 +200,18 @@ def cmd_info(a) -> int:
     print(f"preset {m.cfg.name}: {'VQGAN' if m.cfg.image_tokenizer == 'vqgan' else 'dVAE'} {tok.resolution}px → {tok.grid}×{tok.grid} tokens of {tok.n_codes} codes{' (outline + colour per patch)' if getattr(tok, 'factored', False) else ''}; "
           f"transformer: {'BART (DALL·E Mega)' if m.cfg.arch == 'bart' else 'decoder-only sparse transformer (the DALL·E paper)'}")
     print("parameters: " + "  ".join(f"{n} {count(getattr(m, n)):,}" for n in ("vqgan", "dvae", "bart", "dalle", "clip") if getattr(m, n) is not None))
+    if getattr(a, "verify", False): _say_verified(m)
     _say_vocabulary(m.text)
     if m.card: print("\n" + m.card.strip())
     return 0
+
+def _say_verified(m):
+    "`info --verify`: every file against `manifest.json` and every tensor for NaN/inf, whatever the cache remembers."
+    from dalle_nb.modeldir import verify_model_dir, ModelDirError, MANIFEST
+    try: how = verify_model_dir(m.path, {n: getattr(m, n) for n in ("vqgan", "dvae", "bart", "dalle", "clip")}, full=True)
+    except ModelDirError as e: raise UsageError(str(e)) from None
+    print(f"verified: every file matches {MANIFEST}, every tensor is finite" if how == "verified" else
+          f"no {MANIFEST}: every tensor is finite, the files cannot be checked (write one: dalle_nb.modeldir.write_manifest)")
 
 # %% ../nbs/11_cli.ipynb #1a891e0e
 def cmd_encode(a) -> int:
@@ -208,6 +228,11 @@ def cmd_encode(a) -> int:
         man = encode_to_shards(src, a.out, load_models(a.model), batch_size=a.batch_size, shard_size=a.shard_size, clip_score=a.clip_score,
                                workers=a.workers, progress=not a.quiet, command=command)
     except (EncodeError, ModelDirError) as e: raise UsageError(str(e)) from None
+    except KeyboardInterrupt:
+        print(f"dalle-nb: interrupted: the shards finished so far are kept in {a.out}; the same command resumes", file=sys.stderr)
+        return 130
+    except OSError as e: raise RunFailure(f"cannot write into --out {a.out}: {e.strerror or e}; the finished shards are kept, "
+                                          "the same command resumes") from None
     for e in man.get("source_errors", []): print(f"dalle-nb: warning: {e}", file=sys.stderr)
     run, sk = man["runs"][-1], man["skipped"]
     why = f" ({', '.join(f'{v} {k}' for k, v in sorted(sk.items()))})" if sk else ""
@@ -278,7 +303,8 @@ def _writable(out: Path, names: list[str]) -> list[Path]:
     try:
         for d in dirs:
             d.mkdir(parents=True, exist_ok=True)
-            probe = d / ".dalle-nb-write-test"; probe.write_bytes(b""); probe.unlink()
+            probe = d / f".dalle-nb-write-test.{os.getpid()}-{os.urandom(3).hex()}.tmp"   # its own: two runs at once
+            probe.write_bytes(b""); probe.unlink()
     except OSError as e: raise UsageError(f"--out {out}: cannot write there ({e.strerror or e})") from None
     return dirs
 
@@ -308,7 +334,7 @@ def _checked(a, prompts):
             pipe.encode_negative(a.negative, st["cond_scale"])
             for i, p in enumerate(prompts):
                 try: pipe.encode_prompt(p)
-                except PromptError as e: raise PromptError(f"--prompts {a.prompts} prompt {i + 1} ({p!r}): {e}" if a.prompts else str(e)) from None
+                except PromptError as e: raise PromptError(f"--prompts {a.prompts} prompt {i + 1} ({_q(p)}): {e}" if a.prompts else str(e)) from None
             pipe.image_prompt(a.image_prompt, a.keep_rows)
             asked = min(pipe.batch_size, st["n"] * len(prompts))
             pipe.batch_size = pipe.batch_for(st["n"], st["rerank"], len(prompts), None if a.max_memory is None else a.max_memory * 2**30)
@@ -324,15 +350,27 @@ def _progress_writer(out: Path, every):
     def write(step):
         if every is None: return
         from dalle_nb.images import image_grid, save_png
-        frames.append(save_png(image_grid(step.images), out / "progress" / f"frame_{len(frames):04d}.png"))
+        frames.append(_new_file(lambda k: out / "progress" / f"frame_{len(frames) + k:04d}.png",
+                                lambda p: save_png(image_grid(step.images), p, replace=False)))   # another run's frames: kept
     def gif():
         if not frames: return None
         from PIL import Image
+        from dalle_nb.images import atomic_path
         ims = [Image.open(f).convert("RGB") for f in frames]
-        ims[0].save(out / "progress.gif", save_all=True, append_images=ims[1:] + [ims[-1]] * 4, duration=120, loop=0)
-        return out / "progress.gif"
+        def save(path):
+            with atomic_path(path, replace=False) as tmp:         # never a truncated GIF under its final name
+                ims[0].save(tmp, format="GIF", save_all=True, append_images=ims[1:] + [ims[-1]] * 4, duration=120, loop=0)
+            return path
+        return _new_file(lambda k: out / ("progress.gif" if k == 0 else f"progress-{k + 1}.gif"), save)
     write.gif = gif
     return write
+
+def _new_file(name, write):
+    "`write(name(k))` for k = 0, 1, … until a name is free (`write` raises `FileExistsError` for a taken one); the path."
+    for k in range(10**6):
+        try: return write(name(k))
+        except FileExistsError: pass
+    raise RunFailure(f"no free name for {name(0)}")
 
 def _ctrl_c_handler(stop):
     "A SIGINT handler: the first Ctrl-C sets `stop` (the run ends after the images being drawn); a second raises `KeyboardInterrupt`."
@@ -360,12 +398,12 @@ def _say_written(written: dict, folders):
     "Print each prompt's images: CLIP scores, files written (in rank or candidate order), how many repeated a better one."
     for j, (r, paths) in sorted(written.items()):
         scores = "" if r.scores is None else "  clip scores: " + " ".join(f"{s:.3f}" for s in r.scores)
-        print(f"{len(r.images)} image(s) for {r.prompt!r}{scores}")
+        print(f"{len(r.images)} image(s) for {_q(r.prompt)}{scores}")
         if r.repeats and len(r.images) < r.settings.get("rerank", 0):
             print(f"  only {len(r.images)} distinct of the {r.settings['rerank']} asked: {r.repeats} candidate(s) "
                   "repeated a better one pixel for pixel")
         order = "best first" if r.scores is not None else "in candidate order"
-        print(f"  wrote {len(paths) - 1} PNG(s) and grid.png to {folders[j].dir.resolve()}, {order}: "
+        print(f"  wrote {len(paths) - 1} PNG(s) and {paths[-1].name} to {folders[j].dir.resolve()}, {order}: "
               + " ".join(p.name for p in paths[:-1]))
 
 # %% ../nbs/11_cli.ipynb #1ded30f6
@@ -374,7 +412,9 @@ def cmd_generate(a) -> int:
     import numpy as np
     from tqdm.auto import tqdm
     from dalle_nb.pipeline import ImageFolder
+    if not a.out.strip(): raise UsageError("--out is empty: name the directory for the images")
     if a.from_png is not None: return _regenerate(a)
+    if a.keep_rows is not None and a.image_prompt is None: raise UsageError("--keep-rows needs an image prompt (--image-prompt: the image whose top rows are kept)")
     prompts = _prompts(a)
     t0 = time.perf_counter()
     pipe, st, notes = _checked(a, prompts)
@@ -385,7 +425,7 @@ def cmd_generate(a) -> int:
     total = st["n"] * len(prompts)
     _say_plan(pipe, st, prompts)
     bar = tqdm(total=total, unit="image", desc="generating", file=sys.stderr, disable=a.quiet)
-    frames, written, stop = _progress_writer(out, st["every"]), {}, threading.Event()
+    frames, written, stop, failed = _progress_writer(out, st["every"]), {}, threading.Event(), None
     def on_step(step, results):
         frames(step)
         if step.final:
@@ -393,20 +433,31 @@ def cmd_generate(a) -> int:
             bar.update(len(step.indices))
         bar.set_postfix_str("" if step.final else f"tokens {step.t}/{step.image_len}")
         return not stop.is_set()
-    with _ctrl_c_sets(stop):
-        try: pipe.many(prompts, callback=on_step, every=st["every"], image_prompt=a.image_prompt, keep_rows=a.keep_rows, negative=a.negative,
+    with _ctrl_c_sets(stop), warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="prompt truncated")   # said once already, by `_checked`
+        try: pipe.many(prompts, callback=on_step, every=st["every"], image_prompt=a.image_prompt, keep_rows=a.keep_rows,
+                       negative=a.negative,
                        **{k: st[k] for k in ("n", "rerank", "cond_scale", "seed", "temperature", "top_k", "top_p", "plausibility")})
         except KeyboardInterrupt: stop.set()                         # the second Ctrl-C
-        finally: preview = frames.gif()
+        except OSError as e: failed = e                              # a full disk: what is finished stays
+        try: preview = frames.gif()
+        except OSError as e: preview, failed = None, failed or e
     bar.close()
-    if stop.is_set():
-        for f in folders: f.regrid()                                 # the interrupt may have come between an image and the grid
-        kept = sum(len(f.files) for f in folders)
-        print(f"dalle-nb: interrupted: kept the {kept} finished image(s) in {out.resolve()}", file=sys.stderr)
-        return 130
+    if stop.is_set() or failed is not None: return _say_stopped(folders, out, failed)
     _say_written(written, folders)
     print(f"done in {time.perf_counter() - t0:.1f}s" + (f"; progressive frames in {out / 'progress'}, animated: {preview}" if preview else ""))
     return 0
+
+def _say_stopped(folders, out: Path, failed: OSError | None) -> int:
+    "After Ctrl-C (exit 130) or a failed write (`RunFailure`): the grids redrawn from the finished images, which are all kept."
+    for f in folders:                                                # the stop may have come between an image and the grid
+        try: f.regrid()
+        except OSError: pass
+    kept = sum(len(f.files) for f in folders)
+    if failed is not None:
+        raise RunFailure(f"cannot write into {out}: {failed.strerror or failed}; kept the {kept} finished image(s)")
+    print(f"dalle-nb: interrupted: kept the {kept} finished image(s) in {out.resolve()}", file=sys.stderr)
+    return 130
 
 # %% ../nbs/11_cli.ipynb #4c285dd8
 def _regenerate(a) -> int:
@@ -420,6 +471,7 @@ def _regenerate(a) -> int:
     if not Path(a.from_png).is_file(): raise UsageError(f"--from {a.from_png}: no such file")
     try: rec = read_record(a.from_png)
     except ValueError as e: raise UsageError(f"--from {e}") from None
+    if not isinstance(rec.get("model", ""), str): raise UsageError(f"--from {a.from_png}: its record's model is not a path; give --model DIR")
     model = a.model or (None if rec.get("model") in ("shipped", "", None) else rec["model"])
     try: r, same = Pipeline(model, quantize=a.quantize or rec.get("settings", {}).get("quantize")).regenerate(rec)
     except ModelDirError as e: raise UsageError(f"{e} (the model the image was made with; give --model DIR)") from None
@@ -427,7 +479,7 @@ def _regenerate(a) -> int:
     except ValueError as e: raise UsageError(f"--from {a.from_png}: {e}") from None
     paths = r.save(_writable(Path(a.out), ["."])[0])
     if not same: print("dalle-nb: warning: the tokens differ from the ones recorded (another machine or library version draws differently)", file=sys.stderr)
-    print(f"regenerated {paths[0].name} ({rec['prompt']!r}, seed {rec['seed']}, candidate {rec['index']})"
+    print(f"regenerated {paths[0].name} ({_q(rec['prompt'])}, seed {r.settings['seed']}, candidate {rec['index']})"
           f"{': the same tokens as recorded' if same else ''} in {Path(a.out).resolve()}")
     return 0
 
@@ -517,6 +569,8 @@ def _add_info_encode(sub):
     "`dalle-nb info`'s and `dalle-nb encode`'s flags."
     i = sub.add_parser("info", help="what JAX sees (backend, devices, memory, compilation cache; a GPU it misses), and a model directory")
     i.add_argument("--model", default=None, help="model directory or downloaded published set (default: the shipped model)")
+    i.add_argument("--verify", action="store_true",
+                   help="check every file against manifest.json and every tensor for NaN/inf, now")
     i.set_defaults(func=cmd_info)
     e = sub.add_parser("encode", help="images + captions → VQGAN token shards (parquet + manifest.json) for training")
     e.add_argument("source", nargs="+", help="a folder of images with same-name .txt captions, webdataset .tar files, or .parquet files")
@@ -572,10 +626,15 @@ def _parsers(p):
         if isinstance(a, argparse._SubParsersAction):
             for sp in a.choices.values(): yield from _parsers(sp)
 
+class _Parser(argparse.ArgumentParser):
+    "argparse, its refusals in one line (not the whole usage block): `dalle-nb generate: error: … (see --help)`, exit 2."
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
 def build_parser() -> argparse.ArgumentParser:
     "The `dalle-nb` argument parser: generate, train, info, encode, convert, pod, gpu; each option's help gives its default."
-    p = argparse.ArgumentParser(prog="dalle-nb",
-                                description="DALL·E Mega in JAX/Flax: generate images from text, train models.")
+    p = _Parser(prog="dalle-nb",
+                description="DALL·E Mega in JAX/Flax: generate images from text, train models.")
     sub = p.add_subparsers(dest="command", required=True)
     _add_generate(sub); _add_train(sub); _add_info_encode(sub); _add_convert(sub); _add_hub(sub)
     add_pod_commands(sub, UsageError)                 # dalle-nb pod create|setup|launch|logs|list|stop|delete|watch|fit
@@ -593,3 +652,6 @@ def main(argv=None) -> int:
     except UsageError as e:
         print(f"dalle-nb: error: {e}", file=sys.stderr)
         return 2
+    except RunFailure as e:
+        print(f"dalle-nb: error: {e}", file=sys.stderr)
+        return 1

@@ -6,7 +6,7 @@ Docs: https://dalle-nb.github.io/dalle_nb/dataset.html.md"""
 
 # %% ../nbs/14a_dataset.ipynb #2c1a7db7
 from __future__ import annotations
-import dataclasses, datetime, hashlib, io, json, math, os, tarfile
+import codecs, dataclasses, datetime, hashlib, io, json, math, os, tarfile
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
@@ -26,9 +26,9 @@ from .modeldir import Models
 from .sharding import make_mesh, batch_sharding
 
 # %% auto #0
-__all__ = ['FORMAT', 'MANIFEST', 'IMAGE_EXTS', 'ShardError', 'EncodeError', 'decode_image', 'Pair', 'FolderSource', 'TarSource',
-           'ParquetSource', 'open_source', 'ShardedEncoder', 'vqgan_fingerprint', 'encode_to_shards', 'read_manifest',
-           'shard_files', 'read_shard', 'shard_tokens']
+__all__ = ['FORMAT', 'MANIFEST', 'IMAGE_EXTS', 'ShardError', 'EncodeError', 'decode_image', 'Pair', 'decode_caption',
+           'FolderSource', 'TarSource', 'ParquetSource', 'open_source', 'ShardedEncoder', 'vqgan_fingerprint',
+           'encode_to_shards', 'read_manifest', 'shard_files', 'read_shard', 'shard_tokens']
 
 # %% ../nbs/14a_dataset.ipynb #8f7a6ef7
 FORMAT = "dalle_nb.tokens/1"
@@ -62,9 +62,20 @@ class Pair:
     data: bytes | Path | None
     caption: str | None
     error: str | None = None
+    caption_error: str | None = None      # why the caption's bytes could not be read as text
 
-def _caption_of(path: Path) -> str | None:
-    return path.read_text(encoding="utf-8", errors="replace").strip() if path.exists() else None
+def decode_caption(data: bytes) -> tuple[str | None, str | None]:
+    "`(text, None)` for UTF-8 (a BOM allowed) or UTF-16 (with a BOM, or plain ASCII-range text without one); else `(None, why)`."
+    if data.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)): codec = "utf-16"
+    elif len(data) >= 2 and not len(data) % 2 and not any(data[1::2]): codec = "utf-16-le"    # every other byte zero
+    elif len(data) >= 2 and not len(data) % 2 and not any(data[0::2]): codec = "utf-16-be"
+    else: codec = "utf-8-sig"
+    try: return data.decode(codec).strip(), None
+    except UnicodeDecodeError as e:
+        return None, f"caption is not {codec.upper().replace('-SIG', '')} (byte {e.start} is {data[e.start]:#04x}: Latin-1 or another legacy encoding?)"
+
+def _caption_of(path: Path) -> tuple[str | None, str | None]:
+    return decode_caption(path.read_bytes()) if path.exists() else (None, None)
 
 class FolderSource:
     "Image files under `root` (recursively, sorted), each captioned by the `.txt` file of the same name."
@@ -78,7 +89,8 @@ class FolderSource:
     def describe(self) -> dict: return {"kind": self.kind, "paths": [str(self.root.resolve())], "records": len(self)}
     def iter_range(self, start: int, stop: int):
         for p in self.files[start:stop]:
-            yield Pair(str(p.relative_to(self.root)), p, _caption_of(p.with_suffix(".txt")))
+            cap, why = _caption_of(p.with_suffix(".txt"))
+            yield Pair(str(p.relative_to(self.root)), p, cap, caption_error=why)
 
 # %% ../nbs/14a_dataset.ipynb #f5552995
 def _wds_key(name: str):
@@ -126,11 +138,11 @@ def iter_range(self, start: int, stop: int):
     for t, key, g in self.samples[start:stop]:
         img = next((g[e] for e in ("jpg", "jpeg", "png", "webp", "bmp", "gif") if e in g), None)
         try:
-            cap = self._read(t, g["txt"]).decode("utf-8", "replace").strip() if "txt" in g else None
+            cap, why = decode_caption(self._read(t, g["txt"])) if "txt" in g else (None, None)
             data = self._read(t, img) if img is not None else None
         except (tarfile.TarError, OSError, EOFError) as e:
             yield Pair(f"{self.paths[t].name}:{key}", None, None, f"unreadable tar member ({type(e).__name__}: {e})"); continue
-        yield Pair(f"{self.paths[t].name}:{key}", data, cap)
+        yield Pair(f"{self.paths[t].name}:{key}", data, cap, caption_error=why)
 
 # %% ../nbs/14a_dataset.ipynb #501bca96
 class ParquetSource:
@@ -257,6 +269,7 @@ def _prepare(pair: Pair, size: int):
     "Decode one record on a worker thread: `(pair, image or None, skip reason or None, detail)`."
     if pair.error: return pair, None, "corrupt", pair.error
     if pair.data is None: return pair, None, "no_image", "no image in the record"
+    if pair.caption_error: return pair, None, "caption_encoding", pair.caption_error
     if not pair.caption: return pair, None, "no_caption", "missing or empty caption"
     try:
         data = pair.data.read_bytes() if isinstance(pair.data, Path) else pair.data

@@ -6,14 +6,14 @@ Docs: https://dalle-nb.github.io/dalle_nb/images.html.md"""
 
 # %% ../nbs/02_images.ipynb #47bdf20b
 from __future__ import annotations
-import math, textwrap
+import contextlib, math, os, re, secrets, textwrap
 from pathlib import Path
 import numpy as np
 from PIL import Image, UnidentifiedImageError
 
 # %% auto #0
-__all__ = ['to_uint8', 'to_float', 'image_grid', 'show_images', 'ImageFileError', 'save_png', 'png_text', 'center_crop_resize',
-           'load_image']
+__all__ = ['to_uint8', 'to_float', 'image_grid', 'show_images', 'atomic_path', 'remove_stale_temps', 'ImageFileError', 'save_png',
+           'png_text', 'center_crop_resize', 'load_image']
 
 # %% ../nbs/02_images.ipynb #fa328ecb
 def to_uint8(x) -> np.ndarray:
@@ -61,21 +61,54 @@ def show_images(images, titles=None, ncols: int | None = None, scale: float = 1.
     fig.tight_layout()
     return fig
 
+# %% ../nbs/02_images.ipynb #5af1290d
+_TEMP = re.compile(r"\..+\.(\d+)-[0-9a-f]{6}\.tmp")
+
+@contextlib.contextmanager
+def atomic_path(path, replace: bool = True):
+    "A temporary name beside `path`, unique to this writer: renamed to `path` if the block ends without error, else removed.\n\n"
+    "`replace=False`: `FileExistsError` rather than replace a file already there (a hard link: no race with another writer)."
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}-{secrets.token_hex(3)}.tmp")
+    try:
+        yield tmp
+        if replace: os.replace(tmp, path)
+        else:
+            try: os.link(tmp, path)
+            except FileExistsError: raise
+            except OSError:                                                  # a file system without hard links
+                if path.exists(): raise FileExistsError(17, "File exists", str(path)) from None
+                os.replace(tmp, path)
+    finally: tmp.unlink(missing_ok=True)
+
+def _running(pid: int) -> bool:
+    "Whether process `pid` is alive (on this machine)."
+    try: os.kill(pid, 0)
+    except ProcessLookupError: return False
+    except OSError: return True                                        # alive, someone else's
+    return True
+
+def remove_stale_temps(folder) -> list[Path]:
+    "Delete the temporary files `atomic_path` left in `folder` whose writer is no longer running; returns them."
+    folder, gone = Path(folder), []
+    if not folder.is_dir(): return gone
+    for p in folder.iterdir():
+        m = _TEMP.fullmatch(p.name)
+        if m and int(m[1]) != os.getpid() and not _running(int(m[1])): p.unlink(missing_ok=True); gone.append(p)
+    return gone
+
 # %% ../nbs/02_images.ipynb #5f5f1dc5
 class ImageFileError(ValueError):
     "An image file that is missing or cannot be decoded."
 
-def save_png(image, path, text: dict | None = None) -> Path:
-    "Write one image as PNG, with `text` (str → str) in its text chunks; returns the path. Written whole or not at all (temp file + rename)."
+def save_png(image, path, text: dict | None = None, replace: bool = True) -> Path:
+    "Write one image as PNG, with `text` (str → str) in its text chunks; returns the path. Written whole or not at all (temp file + rename).\n\n"
+    "`replace=False`: `FileExistsError` if `path` exists (never another writer's file replaced)."
     from PIL.PngImagePlugin import PngInfo
     info = PngInfo()
     for k, v in (text or {}).items(): info.add_itxt(k, str(v))
     path = Path(path); path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    try:
-        Image.fromarray(to_uint8(image)).save(tmp, format="PNG", pnginfo=info)
-        tmp.replace(path)
-    finally: tmp.unlink(missing_ok=True)
+    with atomic_path(path, replace) as tmp: Image.fromarray(to_uint8(image)).save(tmp, format="PNG", pnginfo=info)
     return path
 
 def png_text(path) -> dict:
@@ -102,6 +135,7 @@ def load_image(path, size: int | None = None) -> np.ndarray:
     if not path.exists(): raise ImageFileError(f"{path}: no such image file")
     try:
         with Image.open(path) as im: im = im.convert("RGB")
+    except Image.DecompressionBombError as e: raise ImageFileError(f"{path}: too large to read safely ({e})") from None
     except (UnidentifiedImageError, OSError, ValueError) as e:
         raise ImageFileError(f"{path}: not a readable image ({type(e).__name__})") from None
     return center_crop_resize(im, size) if size else np.asarray(im)

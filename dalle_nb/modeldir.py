@@ -6,12 +6,13 @@ Docs: https://dalle-nb.github.io/dalle_nb/modeldir.html.md"""
 
 # %% ../nbs/09_modeldir.ipynb #0e18465a
 from __future__ import annotations
-import json
-from dataclasses import dataclass, replace
+import hashlib, json, math, os
+from dataclasses import dataclass, replace, is_dataclass
 from pathlib import Path
+import numpy as np
 import jax, jax.numpy as jnp
 from flax import nnx
-from .config import RunConfig, load_config, save_config
+from .config import RunConfig, load_config, save_config, from_dict
 from .text import TextEncoder
 from .weights import load_params, save_params, WeightsError
 from .layers import abstract_module
@@ -23,8 +24,9 @@ from .dvae import DVAE
 from .dalle import DalleTransformer
 
 # %% auto #0
-__all__ = ['MODEL_FILES', 'required_files', 'ModelDirError', 'default_model_dir', 'paper_model_dir', 'Models', 'save_models',
-           'load_models', 'micro_config', 'micro_models']
+__all__ = ['MODEL_FILES', 'MANIFEST', 'required_files', 'ModelDirError', 'default_model_dir', 'paper_model_dir', 'Models',
+           'save_models', 'check_config_dict', 'load_models', 'write_manifest', 'check_manifest', 'check_finite',
+           'verify_model_dir', 'micro_config', 'micro_models']
 
 # %% ../nbs/09_modeldir.ipynb #ec3bac07
 MODEL_FILES = ("config.json", "tokenizer.json", "vqgan.msgpack", "bart.msgpack")   # what a DALL·E Mega-style directory needs
@@ -74,26 +76,71 @@ class Models:
 
 # %% ../nbs/09_modeldir.ipynb #0e1d6ef3
 def save_models(path, models: Models, card: str = "", dtype: str | None = "float16") -> Path:
-    "Write `models` as a model directory (parameters stored in `dtype`, float16 by default)."
+    "Write `models` as a model directory (parameters stored in `dtype`, float16 by default), its `manifest.json` last."
     path = Path(path); path.mkdir(parents=True, exist_ok=True)
+    (path / MANIFEST).unlink(missing_ok=True)                # a directory being rewritten has no manifest until it is whole
     save_config(models.cfg, path / "config.json")
     models.text.save(path)
     if models.clip_text is not None: models.clip_text.tokenizer.save(str(path / "clip_tokenizer.json"))
     for name in _CLASSES:
         if getattr(models, name) is not None: save_params(getattr(models, name), path / f"{name}.msgpack", dtype=dtype)
     if card: (path / "MODEL_CARD.md").write_text(card)
+    write_manifest(path)
     return path
+
+# %% ../nbs/09_modeldir.ipynb #41ad157e
+_MODEL_SECTIONS, _DTYPES = ("vqgan", "bart", "clip", "dvae", "dalle"), ("float32", "float16", "bfloat16")
+_MAX_LAYERS, _MAX_INT, _MAX_LIST = 1024, 2**20, 64
+
+def _short(v, n: int = 40) -> str:
+    "`repr(v)`, cut to `n` characters: a hostile value is named, not echoed whole."
+    r = repr(v)
+    return r if len(r) <= n else r[:n] + "…"
+
+def _field_problem(name: str, value, default) -> str | None:
+    "What is wrong with config field `name` holding `value`, judged by its default's type and the size limits (None: nothing)."
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if isinstance(default, bool) and not isinstance(value, bool): return f"must be true or false, got {_short(value)}"
+    if isinstance(default, int) and not isinstance(default, bool) and not (number and isinstance(value, int)):
+        return f"must be a whole number, got {_short(value)}"
+    if isinstance(default, float) and not number: return f"must be a number, got {_short(value)}"
+    if isinstance(default, float) and not math.isfinite(value): return f"must be a finite number, got {value}"
+    if isinstance(default, str) and not isinstance(value, str): return f"must be a string, got {_short(value)}"
+    field = name.rsplit(".", 1)[-1]
+    if isinstance(default, str) and field in ("dtype", "param_dtype") and value not in _DTYPES:
+        return f"must be one of {', '.join(_DTYPES)}, got {_short(value)}"
+    if isinstance(default, tuple):
+        if not isinstance(value, (list, tuple)) or len(value) > _MAX_LIST: return f"must be a list of at most {_MAX_LIST} values, got {_short(value)}"
+        return next((p for v in value if (p := _field_problem(name, v, default[0] if default else 0))), None)
+    top = _MAX_LAYERS if any(w in field for w in ("layers", "blocks", "blk", "group_count")) else _MAX_INT
+    if number and name.split(".")[0] in _MODEL_SECTIONS and isinstance(value, int) and abs(value) > top:
+        return f"is {value:,}, beyond any model this package builds (at most {top:,}); the file is damaged or not a model's config"
+    return None
+
+def check_config_dict(d, where: str = "config.json", default=None, prefix: str = ""):
+    "Refuse (`ModelDirError`, one line naming the field) a raw config dict whose fields have the wrong type, are not finite or absurdly large."
+    default = RunConfig() if default is None else default
+    if not isinstance(d, dict): raise ModelDirError(f"{where}: {prefix.rstrip('.') or 'the config'} must be a JSON object, got {_short(d)}")
+    for k, v in d.items():
+        if not hasattr(default, k): continue                     # unknown fields: `from_dict` names them
+        dv = getattr(default, k)
+        if is_dataclass(dv): check_config_dict(v, where, dv, f"{prefix}{k}.")
+        elif (p := _field_problem(f"{prefix}{k}", v, dv)): raise ModelDirError(f"{where}: {prefix}{k} {p}")
+    return d
 
 # %% ../nbs/09_modeldir.ipynb #4c06de96
 def _read_config(path: Path, unrolled: bool = False) -> RunConfig:
-    "The config of model directory `path`, after checking that every file it needs is there (`ModelDirError` if not)."
+    "The config of model directory `path`, after checking its fields and that every file it needs is there (`ModelDirError` if not)."
     if not path.is_dir(): raise ModelDirError(f"model directory {path} does not exist")
     missing = [f for f in MODEL_FILES[:2] if not (path / f).exists()]
     if missing: raise ModelDirError(f"model directory {path} is missing {', '.join(missing)}")
     try:
-        cfg = load_config(path / "config.json")
+        d = json.loads((path / "config.json").read_text())
+        cfg = from_dict(check_config_dict(d, str(path / "config.json")))
         if unrolled: cfg = replace(cfg, bart=replace(cfg.bart, scan_layers=False))
-    except (ValueError, FileNotFoundError, OSError) as e: raise ModelDirError(f"model directory {path}: {e}") from None
+    except ModelDirError: raise
+    except json.JSONDecodeError as e: raise ModelDirError(f"{path / 'config.json'}: not valid JSON ({e})") from None
+    except (TypeError, ValueError, ArithmeticError, OSError) as e: raise ModelDirError(f"{path / 'config.json'}: {e}") from None
     missing = [f for f in required_files(cfg) if not (path / f).exists()]
     if missing: raise ModelDirError(f"model directory {path} is missing {', '.join(missing)}")
     return cfg
@@ -110,16 +157,20 @@ def _load_weights(path: Path, cfg: RunConfig, serve: bool = False, quantize: str
 def load_models(path=None, unrolled: bool = False, serve: bool = False, quantize: str | None = None) -> Models:
     "Load a model directory (default: the shipped shapes model); one clear `ModelDirError` for anything wrong.\n\n"
     "`unrolled`: the BART's layers as a list, whatever the directory stores (faster token steps: what `Pipeline` loads).\n\n"
-    "`serve`: the transformer's `Linear` layers read straight into their serving form, weights as `quantize` says (`Linear.serve`)."
+    "`serve`: the transformer's `Linear` layers read straight into their serving form, weights as `quantize` says (`Linear.serve`).\n\n"
+    "The files are checked against `manifest.json` and the tensors for NaN/inf, once per change of the files (`verify_model_dir`)."
     path = Path(path) if path is not None else default_model_dir()
     cfg = _read_config(path, unrolled)
+    remembered = _remembered(path)
     try:
+        files = None if remembered else check_manifest(path)            # before reading: a damaged file is named as such
         text = TextEncoder.load(path / "tokenizer.json", max_len=cfg.text_len, normalizer=cfg.bart.text_normalizer)
         clip_text = (TextEncoder.load(path / "clip_tokenizer.json", max_len=cfg.clip.text_len, normalizer="none")
                      if (path / "clip_tokenizer.json").exists() else None)
         if text.vocab_size > cfg.text_vocab:
             raise ModelDirError(f"{path / 'tokenizer.json'}: {text.vocab_size} tokens but the {'BART' if cfg.arch == 'bart' else 'DALL·E transformer'} reads only {cfg.text_vocab}")
         loaded = _load_weights(path, cfg, serve, quantize)
+        if not remembered: check_finite(loaded, path); _remember(path, files)
     except (ValueError, FileNotFoundError, OSError) as e:
         if isinstance(e, ModelDirError): raise
         raise ModelDirError(f"model directory {path}: {e}") from None
@@ -131,6 +182,93 @@ def _materialise(abstract):
     "Turn an abstract (`abstract_module`) module into one with zero-filled arrays, ready for `load_params`."
     graphdef, state = nnx.split(abstract)
     return nnx.merge(graphdef, jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), state))
+
+# %% ../nbs/09_modeldir.ipynb #2fd451cc
+MANIFEST = "manifest.json"
+
+def _sha256(path: Path) -> str:
+    "SHA-256 of a file, read in 16 MiB pieces."
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 24), b""): h.update(block)
+    return h.hexdigest()
+
+def _write_json(path: Path, obj):
+    "Write `obj` as JSON under `path`, whole or not at all."
+    from dalle_nb.images import atomic_path
+    with atomic_path(path) as tmp: tmp.write_text(json.dumps(obj, indent=1))
+
+def _loaded(name: str) -> bool:
+    "Whether `load_models` reads file `name` (what the manifest covers; a model card or a history can be edited freely)."
+    return name in ("config.json", "tokenizer.json", "clip_tokenizer.json") or name.endswith(".msgpack")
+
+def write_manifest(path) -> Path:
+    "Write `manifest.json` into model directory `path`: the size and SHA-256 of every file loading reads."
+    path = Path(path)
+    files = {p.name: dict(size=p.stat().st_size, sha256=_sha256(p)) for p in sorted(path.iterdir())
+             if p.is_file() and _loaded(p.name) and not p.name.startswith(".")}
+    _write_json(path / MANIFEST, dict(format=1, files=files))
+    return path / MANIFEST
+
+# %% ../nbs/09_modeldir.ipynb #b1d17f27
+def _cache_file() -> Path:
+    "The package cache's record of verified model directories."
+    return Path(os.environ.get("DALLE_NB_CACHE", Path.home() / ".cache" / "dalle_nb")) / "verified.json"
+
+def _stamp(path: Path, names) -> dict:
+    "`{name: [size, mtime_ns]}` of the files `names` in `path` (and the manifest): what a remembered check relies on."
+    return {n: [(s := (path / n).stat()).st_size, s.st_mtime_ns] for n in [*names, MANIFEST]}
+
+def check_manifest(path) -> dict | None:
+    "Check every file `manifest.json` lists in `path` (present, same size, same SHA-256); its files dict, None if it has none."
+    path = Path(path)
+    if not (path / MANIFEST).exists(): return None
+    try: files = json.loads((path / MANIFEST).read_text())["files"]; assert isinstance(files, dict)
+    except (ValueError, KeyError, TypeError, AssertionError): raise ModelDirError(f"{path / MANIFEST}: not a readable manifest") from None
+    for name, want in files.items():
+        p = path / name
+        if not p.is_file(): raise ModelDirError(f"model directory {path}: {name} is listed in {MANIFEST} but missing")
+        if p.stat().st_size != want.get("size") or _sha256(p) != want.get("sha256"):
+            raise ModelDirError(f"model directory {path}: {name} does not match its checksum in {MANIFEST} (changed or damaged "
+                                f"since it was written); restore the file (copy, download or convert it again)")
+    return files
+
+# %% ../nbs/09_modeldir.ipynb #02cfb68f
+def check_finite(models: dict, path) -> None:
+    "`ModelDirError` naming the first tensor of `models` (`{name: module or None}`) holding a NaN or an infinity."
+    for name, mod in models.items():
+        if mod is None: continue
+        for keys, x in jax.tree_util.tree_flatten_with_path(nnx.state(mod))[0]:
+            a = np.asarray(x)
+            if np.issubdtype(a.dtype, np.floating) or a.dtype.name == "bfloat16":
+                if not np.isfinite(a).all():
+                    where = "/".join(str(k.key if hasattr(k, "key") else k.idx) for k in keys if hasattr(k, "key") or hasattr(k, "idx"))
+                    raise ModelDirError(f"model directory {path}: {name}.msgpack holds non-finite values (NaN or inf) in "
+                                        f"{where}; the weights are damaged")
+
+def _remembered(path: Path) -> bool:
+    "Whether the cache holds `path` as verified with every file in its manifest still of the same size and time."
+    try: return json.loads(_cache_file().read_text()).get(str(path.resolve())) == _stamp(path, json.loads((path / MANIFEST).read_text())["files"])
+    except (OSError, ValueError, KeyError, TypeError, AttributeError): return False
+
+def _remember(path: Path, files) -> None:
+    "Record `path` as verified (sizes and times of its manifest's `files`); directories since deleted are forgotten."
+    if files is None: return                                              # no manifest: nothing to remember it by
+    cache = _cache_file()
+    try: seen = json.loads(cache.read_text()) if cache.exists() else {}
+    except (OSError, ValueError): seen = {}
+    seen = {k: v for k, v in seen.items() if isinstance(seen, dict) and Path(k).is_dir()}
+    try: cache.parent.mkdir(parents=True, exist_ok=True); _write_json(cache, {**seen, str(path.resolve()): _stamp(path, files)})
+    except OSError: pass                                                  # a read-only cache: verified again next time
+
+def verify_model_dir(path, models: dict | None = None, full: bool = False) -> str:
+    "Check `path`'s files against its manifest (and `models`' tensors for NaN/inf) unless remembered unchanged (`full`: always)."
+    path = Path(path)
+    if not full and _remembered(path): return "remembered"
+    files = check_manifest(path)
+    check_finite(models or {}, path)
+    _remember(path, files)
+    return "no manifest" if files is None else "verified"
 
 # %% ../nbs/09_modeldir.ipynb #15c99096
 def micro_config() -> tuple[RunConfig, TextEncoder]:

@@ -6,14 +6,14 @@ Docs: https://dalle-nb.github.io/dalle_nb/pipeline.html.md"""
 
 # %% ../nbs/10_pipeline.ipynb #e03fa167
 from __future__ import annotations
-import json, math, re, time, unicodedata, warnings
+import itertools, json, math, re, reprlib, time, unicodedata, warnings
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 import numpy as np
 import jax, jax.numpy as jnp
 from flax import nnx
 from fastcore.basics import patch
-from .images import image_grid, save_png, png_text, to_uint8, to_float, load_image, center_crop_resize, ImageFileError
+from .images import image_grid, save_png, png_text, to_uint8, to_float, load_image, center_crop_resize, ImageFileError, remove_stale_temps
 from .modeldir import Models, load_models, default_model_dir
 from .clip import clip_scores
 from .sample import generate as sample_tokens, generate_steps, row_keys, state_bytes
@@ -35,7 +35,7 @@ class SettingError(ValueError):
         self.name, self.message = name, message
 
 _RANGES = {  # setting: (whole number?, lowest, highest (None: no limit), lowest excluded?)
-    "n": (True, 1, None, False), "rerank": (True, 0, None, False), "seed": (True, 0, 2**32 - 1, False),
+    "n": (True, 1, 2**31 - 1, False), "rerank": (True, 0, None, False), "seed": (True, 0, 2**32 - 1, False),
     "cond_scale": (False, 0, None, False), "temperature": (False, 0, None, True), "top_k": (True, 0, None, False),
     "top_p": (False, 0, 1, True), "plausibility": (False, 0, 1, False), "keep_rows": (True, 0, None, False),
     "every": (True, 1, None, False), "batch_size": (True, 1, None, False), "max_memory": (False, 0, None, True)}
@@ -45,8 +45,8 @@ def check_setting(name: str, value, high=None):
     whole, lo, hi, lo_open = _RANGES[name]
     hi = hi if high is None else high
     if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
-        raise SettingError(name, f"must be a {'whole' if whole else 'finite'} number, got {value!r}")
-    if whole and not isinstance(value, (int, np.integer)): raise SettingError(name, f"must be a whole number, got {value!r}")
+        raise SettingError(name, f"must be a {'whole' if whole else 'finite'} number, got {reprlib.repr(value)}")
+    if whole and not isinstance(value, (int, np.integer)): raise SettingError(name, f"must be a whole number, got {reprlib.repr(value)}")
     if not math.isfinite(value): raise SettingError(name, f"must be a finite number, got {value}")
     if (value <= lo if lo_open else value < lo) or (hi is not None and value > hi):
         span = f"{'>' if lo_open else '>='} {lo}" if hi is None else f"in {'(' if lo_open else '['}{lo}, {hi}]"
@@ -242,20 +242,22 @@ def stream(self: Pipeline, prompts, n=None, rerank=None, cond_scale=None, seed=0
     ids = np.concatenate([self.encode_prompt(p) for p in prompts])
     negative_ids = self.encode_negative(negative, st["cond_scale"])
     if st["rerank"]: clip_ids = [ids[j:j + 1] if self.models.clip_text is None else self.models.clip_text([p]) for j, p in enumerate(prompts)]
-    idx = np.arange(st["n"]) if indices is None else np.asarray(indices, int)
-    P, I = np.repeat(np.arange(len(prompts)), len(idx)), np.tile(idx, len(prompts))
-    bs = pad_to or min(self.batch_size, len(P))
+    idx = None if indices is None else np.asarray(indices, int)
+    per = st["n"] if idx is None else len(idx)
+    total = len(prompts) * per                       # rows are made batch by batch: nothing here grows with n
+    bs = pad_to or min(self.batch_size, total)
     done = 0
-    for b in range(0, len(P), bs):
-        p, i = P[b:b + bs], I[b:b + bs]
+    for b in range(0, total, bs):
+        r = np.arange(b, min(b + bs, total))
+        p, i = r // per, (r % per if idx is None else idx[r % per])
         for t, toks in self._batch(ids[p], row_keys(st["seed"], i), bs, st, prefix, keep, every, negative_ids):
-            if t < self.image_len: yield Step(p, i, to_uint8(self.decode_partial(toks)), toks, t, self.image_len, done, len(P))
+            if t < self.image_len: yield Step(p, i, to_uint8(self.decode_partial(toks)), toks, t, self.image_len, done, total)
         images, scores = self.decode(toks), None
         if st["rerank"]:
             scores = np.zeros(len(p), np.float32)
             for j in np.unique(p): scores[p == j] = self.score(images[p == j], clip_ids[j])
         done += len(p)
-        yield Step(p, i, to_uint8(images), toks, t, self.image_len, done, len(P), scores)
+        yield Step(p, i, to_uint8(images), toks, t, self.image_len, done, total, scores)
 
 # %% ../nbs/10_pipeline.ipynb #ae56c0a0
 @dataclass
@@ -376,33 +378,61 @@ def read_record(path) -> dict:
     "The generation record a `dalle_nb` PNG carries (`Result.record`); `ValueError` if it has none."
     rec = png_text(path).get("dalle_nb")
     if rec is None: raise ValueError(f"{path}: no dalle_nb generation record in its PNG text chunks")
-    try: return json.loads(rec)
+    try: rec = json.loads(rec)
     except json.JSONDecodeError: raise ValueError(f"{path}: its dalle_nb generation record is not valid JSON") from None
+    if not isinstance(rec, dict) or not isinstance(rec.get("settings", {}), dict):
+        raise ValueError(f"{path}: its dalle_nb generation record is not a record (a JSON object with a settings object)")
+    return rec
 
 # %% ../nbs/10_pipeline.ipynb #c49152de
 class ImageFolder:
-    "A folder kept in step with a growing `Result`: new images written, dropped ones deleted, `grid.png` rewritten."
+    "A folder kept in step with a growing `Result`: new images written, dropped ones deleted, the grid rewritten — this run's files only."
     def __init__(self, out_dir):
-        self.dir, self.files = Path(out_dir), {}         # candidate index → (rank, path) of each image on disk
+        self.dir, self.files, self.grid_path, self.key = Path(out_dir), {}, None, None   # files: candidate → (rank, path)
+
+    def _adopt(self, r: Result):
+        "Once, at the first sync: take over the files an earlier run of this very request left (the same images); clear dead writers' temporaries."
+        self.key = json.dumps(dict(prompt=r.prompt, settings=r.settings, model=r.model), sort_keys=True)
+        remove_stale_temps(self.dir)
+        for p in sorted(self.dir.glob(f"{slug(r.prompt)}_seed*.png")):
+            try: rec = read_record(p)
+            except (ValueError, ImageFileError): continue                 # not ours to judge, nor to touch
+            key = json.dumps(dict(prompt=rec.get("prompt"), settings=rec.get("settings"), model=rec.get("model")), sort_keys=True)
+            if key == self.key and isinstance(rec.get("index"), int): self.files.setdefault(rec["index"], (rec.get("rank"), p))
+        try: self.grid_path = self.dir / "grid.png" if png_text(self.dir / "grid.png").get("dalle_nb_request") == self.key else None
+        except ImageFileError: pass
+
+    def _save(self, image, name: str, text: dict, mine: Path | None) -> Path:
+        "Write `image` over `mine` (this run's file), else as `name` or, where another run's file has that name, `stem-2.png`, `-3` …"
+        if mine is not None: return save_png(image, mine, text)
+        for k in itertools.count(1):
+            try: return save_png(image, self.dir / (name if k == 1 else f"{name[:-4]}-{k}.png"), text, replace=False)
+            except FileExistsError: pass
 
     def sync(self, r: Result, grid: bool = True) -> list[Path]:
-        "Bring the folder up to `r`; returns the image paths, best first (then `grid.png`)."
+        "Bring the folder up to `r`; returns the image paths, best first (then the grid's)."
+        if self.key is None: self._adopt(r)
         ranks = {int(i): k for k, i in enumerate(r.indices)}
         for i in set(self.files) - set(ranks): self.files.pop(i)[1].unlink(missing_ok=True)
         for i, k in ranks.items():
             if r.scores is None and i in self.files: continue               # unranked: a file on disk never changes
             if self.files.get(i, (None,))[0] != k or r.scores is not None:   # new, moved, or its score/rank to update
                 rec = r.record(k)
-                self.files[i] = (k, save_png(r.images[k], self.dir / image_name(r.prompt, rec["seed"], i), text={
-                    "prompt": r.prompt, "seed": rec["seed"], "index": i, "model": r.model, "Software": f"dalle_nb {rec['version']}",
-                    "dalle_nb": json.dumps(rec)}))
+                text = {"prompt": r.prompt, "seed": rec["seed"], "index": i, "model": r.model, "Software": f"dalle_nb {rec['version']}",
+                        "dalle_nb": json.dumps(rec)}
+                self.files[i] = (k, self._save(r.images[k], image_name(r.prompt, rec["seed"], i), text, self.files.get(i, (0, None))[1]))
         paths = [self.files[i][1] for i in ranks]
-        return paths + [save_png(r.grid(), self.dir / "grid.png")] if grid and paths else paths
+        return paths + [self._grid(r.grid())] if grid and paths else paths
+
+    def _grid(self, image) -> Path:
+        "Write the grid: `grid.png`, or `grid-2.png` … where another run's grid is."
+        self.grid_path = self._save(image, "grid.png", {"dalle_nb_request": self.key}, self.grid_path)
+        return self.grid_path
 
     def regrid(self) -> Path | None:
-        "Rewrite `grid.png` from the images on disk, best first (after a `sync` was interrupted); None if there are none."
-        paths = [p for _, p in sorted(self.files.values())][:64]
-        return save_png(image_grid(np.stack([load_image(p) for p in paths])), self.dir / "grid.png") if paths else None
+        "Rewrite the grid from the images on disk, best first (after a `sync` was interrupted); None if there are none."
+        paths = [p for _, p in sorted(self.files.values(), key=lambda rp: (rp[0] is None, rp[0] or 0))][:64]
+        return self._grid(image_grid(np.stack([load_image(p) for p in paths]))) if paths else None
 
 # %% ../nbs/10_pipeline.ipynb #0a2e3327
 _SAMPLING = ("n", "rerank", "cond_scale", "seed", "temperature", "top_k", "top_p", "plausibility")
@@ -410,14 +440,20 @@ _SAMPLING = ("n", "rerank", "cond_scale", "seed", "temperature", "top_k", "top_p
 @patch
 def regenerate(self: Pipeline, record: dict) -> tuple[Result, bool]:
     "Draw the image a `record` (`read_record`) describes again, in a batch of the shape it was drawn in: `(result, same tokens?)`."
-    s = record.get("settings", {})
-    if "prompt" not in record or "index" not in record or "n" not in s: raise ValueError("the generation record lacks its prompt, index or settings")
+    s = record.get("settings", {}) if isinstance(record, dict) else None
+    if not isinstance(s, dict) or not isinstance(record.get("prompt"), str) or "n" not in s or not isinstance(record.get("index"), int):
+        raise ValueError("the generation record lacks its prompt (text), index (a whole number) or settings")
+    try: batch = check_setting("batch_size", 1 if s.get("batch") is None else s["batch"])
+    except SettingError as e: raise ValueError(f"its settings.batch {e.message}") from None
+    self.fits(batch)
     image = s.get("image_prompt")
+    if image is not None and not isinstance(image, str): raise ValueError("its settings.image_prompt is not a file name")
     if image == "array": raise ValueError("the image was completed from an image prompt given as an array, which the record does not hold")
     if image is not None and not Path(image).is_file(): raise ValueError(f"the image prompt it completed, {image}, is not there any more")
     kw = {k: s[k] for k in _SAMPLING if k in s}
-    r = self.many([record["prompt"]], **{**kw, "rerank": 0}, indices=[int(record["index"])], pad_to=s.get("batch"),
-                  image_prompt=image, keep_rows=s.get("keep_rows") if image is not None else None, negative=s.get("negative"))[0]
+    r = self.many([record["prompt"]], **{**kw, "rerank": 0}, indices=[int(record["index"])], pad_to=batch,
+                  image_prompt=image, keep_rows=s.get("keep_rows") if image is not None else None,
+                  negative=s.get("negative"))[0]
     r.settings = {**r.settings, "rerank": kw.get("rerank", 0), "batch": s.get("batch")}
     return r, [int(t) for t in r.tokens[0]] == list(record.get("tokens", []))
 
@@ -456,6 +492,14 @@ def batch_for(self: Pipeline, n: int, rerank: int, prompts: int = 1, limit: floa
         if bs == 1: raise SettingError("max_memory", f"is not enough: one image at a time needs about {need / 2**20:,.0f} MiB, "
                                        f"and {limit / 2**20:,.0f} MiB are allowed")
         bs = max(1, bs // 2)
+
+@patch
+def fits(self: Pipeline, batch: int, n: int = 1, rerank: int = 0, prompts: int = 1):
+    "`SettingError` (naming `batch`) unless a batch of `batch` rows fits the free memory beside the weights — before anything is drawn."
+    est, free = self.memory_estimate(n, rerank, prompts, batch=batch), available_memory()
+    need = est["total"] - est["weights"]
+    if free is not None and need > free:
+        raise SettingError("batch", f"of {batch:,} row(s) needs about {need / 2**20:,.0f} MiB and {free / 2**20:,.0f} MiB are free")
 
 # %% ../nbs/10_pipeline.ipynb #fc4239cf
 def show_completions(pipe: Pipeline, image, completions: dict, keep_rows: int, title: str = ""):

@@ -28,7 +28,7 @@ from .gradscale import scaled_residual, init_scales, update_scales
 
 # %% auto #0
 __all__ = ['TrainState', 'opt_state_shardings', 'TrainStep', 'StepExtras', 'make_sharded_train_step', 'make_train_step',
-           'Checkpointer', 'fit', 'plot_history']
+           'CheckpointError', 'Checkpointer', 'fit', 'plot_history']
 
 # %% ../nbs/15_train.ipynb #4f63824b
 class TrainState(NamedTuple):
@@ -272,6 +272,28 @@ def _save_whole_arrays():
     handler = ocp.type_handlers.get_type_handler(jax.Array)
     if jax.process_count() == 1 and getattr(handler, "_use_replica_parallel", False): handler._use_replica_parallel = False
 
+class CheckpointError(OSError):
+    "A checkpoint that could not be written (a full disk, a lost file system); the complete ones before it are kept."
+
+@contextlib.contextmanager
+def _quiet_orbax():
+    "Within: orbax's and asyncio's logged tracebacks held back (a failed save is reported once, as `CheckpointError`)."
+    import logging
+    loggers = [logging.getLogger(n) for n in ("absl", "asyncio", "orbax")]
+    levels = [l.level for l in loggers]
+    for l in loggers: l.setLevel(logging.CRITICAL)
+    try: yield
+    finally:
+        for l, v in zip(loggers, levels): l.setLevel(v)
+
+def _os_cause(e: BaseException) -> BaseException:
+    "The first `OSError` in `e`'s chain of causes (what a user can act on: no space, no permission), else `e`."
+    seen, x = set(), e
+    while x is not None and id(x) not in seen:
+        if isinstance(x, OSError): return x
+        seen.add(id(x)); x = x.__cause__ or x.__context__
+    return e
+
 class Checkpointer:
     "Save/restore a state (any pytree of arrays, sharded or not) and a JSON of metadata under `directory` with orbax; keeps the last `keep`."
     def __init__(self, directory, keep: int = 2):
@@ -285,9 +307,18 @@ class Checkpointer:
     def latest(self): return self.manager.latest_step()
 
     def save(self, step: int, state, meta: dict):
-        "Write `state` and `meta` as checkpoint `step` (every process calls it; it returns once the checkpoint is complete)."
-        self.manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(_pure(state)), meta=ocp.args.JsonSave(meta)))
-        self.manager.wait_until_finished()
+        "Write `state` and `meta` as checkpoint `step` (every process calls it; it returns once the checkpoint is complete).\n\n"
+        "A failure is one `CheckpointError` naming the cause, and leaves no partial checkpoint behind."
+        try:
+            with _quiet_orbax():
+                self.manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(_pure(state)), meta=ocp.args.JsonSave(meta)))
+                self.manager.wait_until_finished()
+        except Exception as e:
+            import shutil
+            for p in self.directory.glob(f"{step}.orbax-checkpoint-tmp*"): shutil.rmtree(p, ignore_errors=True)
+            cause = _os_cause(e)
+            raise CheckpointError(getattr(cause, "errno", None), f"checkpoint {step} could not be written in {self.directory}: "
+                                  f"{getattr(cause, 'strerror', None) or cause}") from None
 
     def meta(self, step=None) -> dict:
         "The JSON saved with the checkpoint at `step` (default: latest), read without touching the arrays."
