@@ -171,7 +171,7 @@ def _checked(a, prompts):
             every = None if a.progressive is None else check_setting("every", a.progressive)
             for name in ("n", "rerank", "cond_scale", "seed", "temperature", "top_k", "top_p", "plausibility", "keep_rows", "max_memory"):
                 if getattr(a, name) is not None: check_setting(name, getattr(a, name))   # NaN, sign: before loading anything
-            pipe = Pipeline(a.model, quantize=a.quantize)
+            pipe = Pipeline(a.model, quantize=a.quantize, cache=a.cache)
             st = pipe.settings(a.n, a.rerank, a.cond_scale, 0 if a.seed is None else a.seed, a.temperature, a.top_k, a.top_p, a.plausibility)
             for i, p in enumerate(prompts):
                 try: pipe.encode_prompt(p)
@@ -281,7 +281,8 @@ def _regenerate(a) -> int:
     try: rec = read_record(a.from_png)
     except ValueError as e: raise UsageError(f"--from {e}") from None
     model = a.model or (None if rec.get("model") in ("shipped", "", None) else rec["model"])
-    try: r, same = Pipeline(model, quantize=a.quantize or rec.get("settings", {}).get("quantize")).regenerate(rec)
+    try: r, same = Pipeline(model, quantize=a.quantize or rec.get("settings", {}).get("quantize"),
+                             cache=a.cache or rec.get("settings", {}).get("cache")).regenerate(rec)
     except ModelDirError as e: raise UsageError(f"{e} (the model the image was made with; give --model DIR)") from None
     except ValueError as e: raise UsageError(f"--from {a.from_png}: {e}") from None
     paths = r.save(_writable(Path(a.out), ["."])[0])
@@ -314,6 +315,8 @@ def _add_generate(sub):
                    help="every K tokens, write the partly drawn batch to OUT/progress/frame_NNNN.png; OUT/progress.gif at the end")
     g.add_argument("--quantize", choices=("bfloat16", "int8"), default=None,
                    help="the transformer's weights in bfloat16 or int8 (int8: ~2× faster token steps on a CPU, ¼ the memory; BENCHMARKS.md has the error)")
+    g.add_argument("--cache", choices=("float32", "bfloat16", "int8"), default=None,
+                   help="the decode cache of keys/values (default: float32 on a CPU, bfloat16 on accelerators; BENCHMARKS.md has the error)")
     g.add_argument("--max-memory", type=float, default=None, metavar="GB",
                    help="memory this process may use (GiB): batches are split to fit, or the request is refused (default: what is free)")
     g.add_argument("--quiet", action="store_true", help="no progress bar")

@@ -17,6 +17,7 @@ from .images import image_grid, save_png, png_text, to_uint8, to_float, load_ima
 from .modeldir import Models, load_models, default_model_dir
 from .clip import clip_scores
 from .sample import generate as sample_tokens, generate_steps, row_keys, state_bytes
+from .bart import CACHE_DTYPES
 from .layers import xla_cpu_defaults, serve_all, QUANTIZE
 from .widget import panel                 # the ipywidgets panel behind `widget` (10a_widget)
 
@@ -68,10 +69,13 @@ class PromptError(ValueError):
 
 class Pipeline:
     "Text → ranked images with a loaded model directory."
-    def __init__(self, models: Models | str | Path | None = None, batch_size: int = 16, quantize: str | None = None):
-        "`quantize`: the text→image transformer's weights as float32 (`None`), `'bfloat16'` or `'int8'` (`Linear.serve`)."
+    def __init__(self, models: Models | str | Path | None = None, batch_size: int = 16, quantize: str | None = None,
+                 cache: str | None = None):
+        "`quantize`: the text→image transformer's weights as float32 (`None`), `'bfloat16'` or `'int8'` (`Linear.serve`);\n\n"
+        "`cache`: its decode cache, one of `CACHE_DTYPES` (`None`: this backend's default, `sample.DEFAULT_LAYOUT`)."
         if quantize not in QUANTIZE: raise SettingError("quantize", f"must be one of {', '.join(map(str, QUANTIZE))}; got {quantize!r}")
-        self.models, self.quantize = serving_models(models, quantize), quantize
+        if cache not in (None, *CACHE_DTYPES): raise SettingError("cache", f"must be one of {', '.join(CACHE_DTYPES)}; got {cache!r}")
+        self.models, self.quantize, self.cache = serving_models(models, quantize), quantize, cache
         self.cfg, self.batch_size = self.models.cfg, check_setting("batch_size", batch_size)
         jit = lambda f: nnx.jit(f, graph_updates=False)       # the models are read only: no copy of them out of each call
         self._decode = jit(lambda m, ids: m.decode(ids))
@@ -171,7 +175,7 @@ def _batch(self: Pipeline, text_ids, keys, pad_to: int, st: dict, prefix=None, k
     keys = jnp.concatenate([keys, jnp.repeat(keys[:1], pad, 0)]) if pad else keys
     kw = dict(blank_ids=np.repeat(np.asarray(self.models.text.blank(1)), pad_to, 0), cond_scale=st["cond_scale"],
               temperature=st["temperature"], top_k=st["top_k"], top_p=st["top_p"], plausibility=st["plausibility"],
-              prefix=None if prefix is None else np.repeat(prefix, pad_to, 0), keep=keep)
+              prefix=None if prefix is None else np.repeat(prefix, pad_to, 0), keep=keep, cache=self.cache)
     if every is None:
         yield self.image_len, np.asarray(sample_tokens(self.models.transformer, fill(text_ids), keys, **kw))[:rows]
         return
@@ -294,6 +298,7 @@ def many(self: Pipeline, prompts, callback=None, **kw) -> list[Result]:
     sampling = {k: kw[k] for k in ("n", "rerank", "cond_scale", "seed", "temperature", "top_k", "top_p", "plausibility") if k in kw}
     st = self.settings(**sampling)
     if self.quantize: st["quantize"] = self.quantize                                # in every record: `--from` draws with it
+    if self.cache: st["cache"] = self.cache
     st["batch"] = kw.get("pad_to") or min(self.batch_size, st["n"] * len(prompts) if kw.get("indices") is None else len(kw["indices"]) * len(prompts))
     if kw.get("image_prompt") is not None:
         st.update(keep_rows=check_setting("keep_rows", self.grid // 2 if kw.get("keep_rows") is None else kw["keep_rows"], high=self.grid),
@@ -400,7 +405,7 @@ def memory_estimate(self: Pipeline, n: int, rerank: int, prompts: int = 1, batch
     m = self.models
     weights = sum(x.nbytes for mod in (m.transformer, m.image_tokenizer, m.clip) if mod is not None for x in jax.tree.leaves(nnx.state(mod)))
     bs, res = batch or min(self.batch_size, n * prompts), self.cfg.tokenizer_cfg.resolution
-    per_batch = 2 * state_bytes(m.transformer, bs) + 8 * bs * res * res * 3 * 4 * 8
+    per_batch = 2 * state_bytes(m.transformer, bs, cache=self.cache) + 8 * bs * res * res * 3 * 4 * 8
     kept = prompts * (rerank or n) * (res * res * 3 + 4 * self.image_len)
     return dict(weights=weights, batch=per_batch, kept=kept, total=weights + per_batch + kept)
 
