@@ -18,7 +18,7 @@ The same run proves the work is equal: at a small width, min-dalle's modules loa
     python bench/generate.py --widths mega --images 1 --repeats 1 --out bench/results/generate_mega
     python bench/generate.py --smoke --out /tmp/g                                              # the smoke test's run
     python bench/generate.py --logits-error mega --out bench/results/generate                  # bfloat16/int8 error, ~17 GB
-    python bench/generate.py --cache-error mega --out bench/results/generate                   # bfloat16/int8 cache's error, ~8 GB
+    python bench/generate.py --cache-error mini --out bench/results/generate                   # bfloat16/int8 cache's error
     python bench/generate.py --device gpu --widths mega --images 1,16 --repeats 2 --quantize bfloat16 --out bench/results/generate_gpu
 
 `--device gpu` runs both sides on the first GPU: min-dalle in `--min-dalle-dtype` (float16 by default there, as its README
@@ -424,7 +424,7 @@ def main(argv=None):
     p.add_argument("--out", default=None, help="write generate.json and generate.md here")
     p.add_argument("--second-process", action="store_true", help="also time two `dalle-nb generate` processes sharing a fresh compilation cache")
     p.add_argument("--logits-error", default=None, metavar="WIDTH", help="only measure the logits' error with bfloat16 and int8 weights at WIDTH (mega: ~17 GB)")
-    p.add_argument("--cache-error", default=None, metavar="WIDTH", help="only measure the logits' error with a bfloat16 and an int8 KV cache at WIDTH (mega: ~8 GB)")
+    p.add_argument("--cache-error", default=None, metavar="WIDTH", help="only measure the logits' error with a bfloat16 and an int8 KV cache at WIDTH (weights stored in bfloat16: mega 5.2 GB)")
     p.add_argument("--kv-cache", default=None, choices=["float32", "bfloat16", "int8"], help="our decode cache (default: float32 on cpu, bfloat16 on gpu)")
     p.add_argument("--device", default="cpu", choices=["cpu", "gpu"], help="where both sides run (gpu: the first CUDA device)")
     p.add_argument("--min-dalle-dtype", default=None, choices=["float32", "float16", "bfloat16"], help="min-dalle's dtype (default: float32 on cpu, float16 on gpu)")
