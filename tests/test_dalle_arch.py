@@ -158,3 +158,15 @@ def test_decode_layouts_draw_todays_greedy_tokens():
     staged = np.asarray(generate(model, rows, row_keys(0, 4), blank_ids=blank, cond_scale=4.0, top_k=1, cache="float32", stages=4))
     assert len(np.unique(plain[:, 8:], axis=0)) > 1                 # the captions draw different images
     assert (staged == plain).all(), (staged != plain).sum()
+
+
+def test_cache_choice_is_recorded_and_redrawn(tmp_path):
+    "`generate --cache int8` draws with the 8-bit decode cache, records it in each PNG, and `--from` draws it again with it."
+    code, out, err = main_in_process("generate", "a blue triangle", "--n", "2", "--rerank", "0", "--cache", "int8",
+                                     "--out", str(tmp_path / "c"), "--quiet")
+    assert code == 0, err
+    name = sorted(p.name for p in (tmp_path / "c").iterdir() if p.name != "grid.png")[0]
+    import json
+    assert json.loads(Image.open(tmp_path / "c" / name).text["dalle_nb"])["settings"]["cache"] == "int8"
+    code, out, err = main_in_process("generate", "--from", str(tmp_path / "c" / name), "--out", str(tmp_path / "again"))
+    assert code == 0 and "the same tokens as recorded" in out, (out, err)
