@@ -2,7 +2,7 @@
 each self-attention cache dtype and number of cache stages, at one width, random weights (nothing is downloaded).
 
     python bench/decode_layout.py --width mini --images 4 --out bench/results/decode_layout          # ~20 min here
-    python bench/decode_layout.py --width mini --images 4 --bytes --out bench/results/decode_layout  # compiled step's bytes
+    python bench/decode_layout.py --width mini --images 4 --bytes --out bench/results/decode_layout  # step's bytes
 
 Each configuration runs `--repeats` warm calls after its first; the rows of one caption share its keys/values as
 `generate` does for one prompt. The same run reports, per configuration, how many of the tokens equal float32 with
@@ -23,32 +23,38 @@ from generate import bart_config, SETTINGS, peak_rss_gb  # noqa: E402
 
 
 def step_bytes(model, rows: int, lengths=(32, 256), repeats: int = 20) -> list[dict]:
-    "Bytes accessed by the compiled token step (XLA's cost analysis) against the bytes it must read, and its fastest time\n\n"
-    "of `repeats` calls, per cache dtype and length."
+    "Bytes accessed by the compiled token step (XLA's cost analysis) against the bytes it must read, and its\n\n"
+    "fastest time of `repeats` calls, per cache dtype and length."
     import jax, jax.numpy as jnp, numpy as np
     from flax import nnx
     from dalle_nb.bart import CACHE_DTYPES, text_mask
     cfg, out = model.cfg, []
-    kernels = sum(x.nbytes for path, x in nnx.to_flat_state(nnx.state(model.decoder, nnx.Param))
-                  if "kernel" in str(path) and "encoder_attn', 'k_proj" not in str(path) and "encoder_attn', 'v_proj" not in str(path)
-                  and ("layers" in str(path) or "lm_head" in str(path)))
+    read = lambda p: ("kernel" in p and "encoder_attn', 'k_proj" not in p and "encoder_attn', 'v_proj" not in p
+                      and ("layers" in p or "lm_head" in p))     # the step's kernels: not the captions' K/V projections
+    kernels = sum(x.nbytes for path, x in nnx.to_flat_state(nnx.state(model.decoder, nnx.Param)) if read(str(path)))
     text = jnp.ones((2, cfg.max_text_len), jnp.int32)
     for cache in CACHE_DTYPES:
         for T in lengths:
-            c = jax.eval_shape(lambda: model.decoder.init_cache(model.encoder(text), text_mask(text), cache, rows=rows, length=T))
+            c = jax.eval_shape(lambda: model.decoder.init_cache(model.encoder(text), text_mask(text), cache,
+                                                                rows=rows, length=T))
             graphdef, state = nnx.split(model)
             # the cache donated, as the decode loop's carry is: else writing its new column would copy it whole first
-            fn = jax.jit(lambda st, c, tok, pos: nnx.merge(graphdef, st).decoder.step(tok, pos, c, text_mask(text)), donate_argnums=1)
-            compiled = fn.lower(state, c, jax.ShapeDtypeStruct((rows,), jnp.int32), jax.ShapeDtypeStruct((), jnp.int32)).compile()
-            args = (state, jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), c), jnp.zeros((rows,), jnp.int32), jnp.int32(T - 1))
+            fn = jax.jit(lambda st, c, tok, pos: nnx.merge(graphdef, st).decoder.step(tok, pos, c, text_mask(text)),
+                         donate_argnums=1)
+            ids, pos = jax.ShapeDtypeStruct((rows,), jnp.int32), jax.ShapeDtypeStruct((), jnp.int32)
+            compiled = fn.lower(state, c, ids, pos).compile()
+            args = (state, jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), c), jnp.zeros((rows,), jnp.int32),
+                    jnp.int32(T - 1))
             times = []
             for _ in range(repeats + 1):                             # the fastest of many: robust to a busy machine
-                t0 = time.perf_counter(); _, cache_out = jax.block_until_ready(compiled(*args)); times.append(time.perf_counter() - t0)
+                t0 = time.perf_counter(); _, cache_out = jax.block_until_ready(compiled(*args))
+                times.append(time.perf_counter() - t0)
                 args = (args[0], cache_out, *args[2:])
             cost = compiled.cost_analysis()
             cost = cost[0] if isinstance(cost, (list, tuple)) else cost
             cache_b = sum(np.prod(x.shape) * x.dtype.itemsize for x in jax.tree.leaves(c))
-            out.append(dict(cache=cache, length=T, rows=rows, bytes_accessed_mb=float(cost.get("bytes accessed", float("nan"))) / 1e6,
+            accessed = float(cost.get("bytes accessed", float("nan")))
+            out.append(dict(cache=cache, length=T, rows=rows, bytes_accessed_mb=accessed / 1e6,
                             must_read_mb=float(kernels + cache_b) / 1e6, fastest_ms=1e3 * min(times)))
             print(json.dumps(out[-1]), flush=True)
     return out
@@ -72,10 +78,12 @@ def main(argv=None):
     cfg = replace(bart_config(a.width), scan_layers=False)
     if a.layers: cfg = replace(cfg, encoder_layers=a.layers, decoder_layers=a.layers)
     model = serve_all(DalleBart(cfg, rngs=nnx.Rngs(0)), None if a.quantize == "none" else a.quantize)
-    text = np.ones((a.images, cfg.max_text_len), np.int32); text[:, 0] = 0; text[:, 1:9] = np.arange(100, 108); text[:, 9] = 2
+    text = np.ones((a.images, cfg.max_text_len), np.int32)
+    text[:, 0], text[:, 1:9], text[:, 9] = 0, np.arange(100, 108), 2
     blank = np.ones_like(text); blank[:, 0] = 0; blank[:, 1] = 2
     if a.bytes:
-        res = dict(width=a.width, layers=cfg.decoder_layers, rows=2 * a.images, quantize=a.quantize, steps=step_bytes(model, 2 * a.images, repeats=max(a.repeats, 20)), date=str(date.today()))
+        res = dict(width=a.width, layers=cfg.decoder_layers, rows=2 * a.images, quantize=a.quantize,
+                   steps=step_bytes(model, 2 * a.images, repeats=max(a.repeats, 20)), date=str(date.today()))
         if a.out:
             Path(a.out).mkdir(parents=True, exist_ok=True)
             tmp = Path(a.out) / f"step_bytes_{a.width}_{a.quantize}.json.tmp"
@@ -84,16 +92,19 @@ def main(argv=None):
     rows, ref = [], None
     for spec in a.layouts.split(","):
         cache, stages = spec.split(":")
-        call = lambda: np.asarray(generate(model, text, row_keys(0, a.images), blank_ids=blank, cache=cache, stages=int(stages), **SETTINGS))
+        call = lambda: np.asarray(generate(model, text, row_keys(0, a.images), blank_ids=blank, cache=cache,
+                                           stages=int(stages), **SETTINGS))
         t0 = time.perf_counter(); toks = call(); first = time.perf_counter() - t0
         warm = []
         for _ in range(a.repeats):
             t0 = time.perf_counter(); call(); warm.append(time.perf_counter() - t0)
         ref = toks if ref is None else ref
         rows.append(dict(cache=cache, stages=int(stages), first_s=first, warm_s=statistics.median(warm),
-                         ms_per_step=1e3 * statistics.median(warm) / cfg.image_len, same_tokens=float((toks == ref).mean())))
+                         ms_per_step=1e3 * statistics.median(warm) / cfg.image_len,
+                         same_tokens=float((toks == ref).mean())))
         print(json.dumps(rows[-1]), flush=True)
-    res = dict(width=a.width, layers=cfg.decoder_layers, images=a.images, quantize=a.quantize, rows=rows, peak_rss_gb=peak_rss_gb(), date=str(date.today()),
+    res = dict(width=a.width, layers=cfg.decoder_layers, images=a.images, quantize=a.quantize, rows=rows,
+               peak_rss_gb=peak_rss_gb(), date=str(date.today()),
                runtime=f"jax {jax.__version__} {jax.devices()[0].platform}, {jax.device_count()} device(s)")
     if a.out:
         Path(a.out).mkdir(parents=True, exist_ok=True)

@@ -142,26 +142,29 @@ def test_per_resblock_scaling_keeps_gradients_one_loss_scale_loses():
 
 
 def test_decode_layouts_draw_todays_greedy_tokens():
-    "Greedy tokens with the float32 cache grown in stages, and the captions' cross keys/values shared by their rows, are\n"
-    "exactly those of the plain layout (one stage, every row its own caption)."
+    "Greedy tokens with the float32 cache grown in stages, and the captions' cross keys/values shared by their rows,\n"
+    "are exactly those of the plain layout (one stage, every row its own caption)."
     from dalle_nb.bart import DalleBart
     from dalle_nb.config import BartConfig
     from dalle_nb.sample import _checked, _generate_jit, generate, row_keys
     cfg = BartConfig(text_vocab=64, image_codes=32, image_vocab=34, max_text_len=8, image_len=64, d_model=32,
                      encoder_layers=2, decoder_layers=2, heads=4, glu_dim=48, init_std=0.3, scan_layers=False)
     model = DalleBart(cfg, rngs=nnx.Rngs(0))
-    text = np.ones((4, 8), np.int32); text[:, 0] = 0; text[:3, 1:4] = [9, 17, 30]; text[3, 1:3] = [40, 41]; text[:, 5] = 2
+    text = np.ones((4, 8), np.int32)
+    text[:, 0], text[:3, 1:4], text[3, 1:3], text[:, 5] = 0, [9, 17, 30], [40, 41], 2
     blank = np.ones_like(text); blank[:, 0], blank[:, 1] = 0, 2
     rows = text[[0, 1, 3, 3]]                                        # runs of 2: two captions, two rows each
     _, _, prefix, traced, static = _checked(model, rows, row_keys(0, 4), blank, 4.0, 1.0, 1, 1.0, 0.0, None, 0)
-    plain = np.asarray(_generate_jit(model, rows, blank, row_keys(0, 4), prefix, *traced, **static, runs=1, cache="float32", stages=1))
-    staged = np.asarray(generate(model, rows, row_keys(0, 4), blank_ids=blank, cond_scale=4.0, top_k=1, cache="float32", stages=4))
+    plain = np.asarray(_generate_jit(model, rows, blank, row_keys(0, 4), prefix, *traced, **static,
+                                     runs=1, cache="float32", stages=1))
+    staged = np.asarray(generate(model, rows, row_keys(0, 4), blank_ids=blank, cond_scale=4.0, top_k=1,
+                                 cache="float32", stages=4))
     assert len(np.unique(plain[:, 8:], axis=0)) > 1                 # the captions draw different images
     assert (staged == plain).all(), (staged != plain).sum()
 
 
 def test_cache_choice_is_recorded_and_redrawn(tmp_path):
-    "`generate --cache int8` draws with the 8-bit decode cache, records it in each PNG, and `--from` draws it again with it."
+    "`generate --cache int8` draws with the 8-bit decode cache, records it in each PNG, and `--from` draws with it again."
     code, out, err = main_in_process("generate", "a blue triangle", "--n", "2", "--rerank", "0", "--cache", "int8",
                                      "--out", str(tmp_path / "c"), "--quiet")
     assert code == 0, err
