@@ -13,7 +13,8 @@ from jax.ad_checkpoint import checkpoint_name
 import optax
 from flax import nnx
 from .config import BartConfig
-from .layers import Linear, Embed, Norm, constrain, dtype_of, quantize_rows, gelu, shapes_only, abstract_module, count_params
+from .layers import (Linear, Embed, Norm, constrain, dtype_of, quantize_rows, gelu, shapes_only, abstract_module,
+                             count_params)
 from fastcore.basics import patch
 
 # %% auto #0
@@ -39,9 +40,9 @@ def _readable(c, dtype):
     return (c.q.astype(dtype), c.scale) if isinstance(c, Int8KV) else (c, None)
 
 def attend_cached(q, k, v, mask):
-    "`attend` to a decoding cache laid out `[B,H,D,Tk]` (k and v: float32, bfloat16 or `Int8KV`), the layout the dots\n\n"
-    "take as it is, so a step reads each layer's cache once instead of first transposing it (on a CPU that copy cost a\n\n"
-    "third of the step). An 8-bit entry's scales multiply the scores (keys) and the probabilities (values)."
+    "`attend` to a decoding cache laid out `[B,H,D,Tk]` (k and v: float32, bfloat16 or `Int8KV`), the layout\n\n"
+    "the dots take as it is, so a step reads each layer's cache once instead of first transposing it (on a CPU\n\n"
+    "that copy cost a third of the step). An 8-bit entry's scales multiply the scores (keys) and the probabilities."
     (k, ks), (v, vs) = _readable(k, q.dtype), _readable(v, q.dtype)
     scores = jnp.einsum("bqhd,bhdk->bhqk", q.astype(k.dtype), k, preferred_element_type=jnp.float32)
     scores = (scores if ks is None else scores * ks) / math.sqrt(q.shape[-1])
@@ -137,8 +138,8 @@ class DecoderLayer(nnx.Module):
         self.postln = cfg.ln_positions == "postln"
 
     def _finish(self, x, cross_k, cross_v, text_mask, cached: bool = False):
-        "Cross-attention and GLU blocks (shared by the full and the cached path). Cached, the `G` captions' keys/values\n\n"
-        "`[G, H, D, S]` serve `B = G × r` rows in `G` runs of `r`: each run's rows are the queries of its caption."
+        "Cross-attention and GLU blocks (shared by the full and the cached path). Cached, the `G` captions'\n\n"
+        "keys/values `[G, H, D, S]` serve `B = G × r` rows in `G` runs of `r`: a run's rows are its caption's queries."
         def cross(h):
             G, (B, T, d) = cross_k.shape[0], h.shape
             if not cached or G == B: return self.encoder_attn(h, cross_k, cross_v, text_mask, cached)
@@ -330,17 +331,19 @@ def _empty(shape, dtype: str):
     return Int8KV(jnp.zeros(shape, jnp.int8), jnp.zeros(shape[:-2] + (1, shape[-1]), jnp.float32))
 
 @patch
-def init_cache(self: Decoder, enc, text_mask, dtype=None, rows: int | None = None, length: int | None = None) -> KVCache:
-    "An empty self-attention cache of `rows` rows (default: one per caption) and `length` positions (default all), in\n\n"
-    "`dtype` (`CACHE_DTYPES`; default the model's), and the cross-attention keys/values of the `G` captions `enc`."
+def init_cache(self: Decoder, enc, text_mask, dtype=None, rows: int | None = None,
+               length: int | None = None) -> KVCache:
+    "An empty self-attention cache of `rows` rows (default: one per caption) and `length` positions (default all),\n\n"
+    "in `dtype` (`CACHE_DTYPES`; default the model's), and the cross-attention keys/values of the `G` captions `enc`."
     dtype, rows = jnp.dtype(dtype or self.cfg.dtype).name, rows or enc.shape[0]
     if dtype not in CACHE_DTYPES: raise ValueError(f"cache dtype must be one of {CACHE_DTYPES}, got {dtype!r}")
-    if rows % enc.shape[0]: raise ValueError(f"init_cache: {rows} rows do not split into runs of {enc.shape[0]} captions")
+    if rows % enc.shape[0]: raise ValueError(f"init_cache: {rows} rows do not split into {enc.shape[0]} captions' runs")
     _, (ck, cv) = self.layers(enc, text_mask, method="cross_kv")
     shape = (self.cfg.decoder_layers, rows, self.cfg.heads, self.cfg.head_dim, length or self.cfg.image_len)
     cross = dtype_of("bfloat16" if dtype == "int8" else dtype)                  # the captions' few rows stay 16-bit
     hdt = lambda a: a.transpose(0, 1, 3, 4, 2).astype(cross)                   # [L, G, S, H, D] → [L, G, H, D, S]
-    per = (lambda a: a) if self.cfg.scan_layers else (lambda a: tuple(jax.tree.map(lambda x: x[i], a) for i in range(shape[0])))
+    layer = lambda a, i: jax.tree.map(lambda x: x[i], a)
+    per = (lambda a: a) if self.cfg.scan_layers else (lambda a: tuple(layer(a, i) for i in range(shape[0])))
     return KVCache(per(_empty(shape, dtype)), per(_empty(shape, dtype)), per(hdt(ck)), per(hdt(cv)))
 
 @patch

@@ -77,16 +77,17 @@ def _draw(logits, t, keys, codes: int, cond_scale, temperature, top_p, plausibil
 
 # %% ../nbs/07_sample.ipynb #61632257
 def caption_runs(*ids) -> int:
-    "The longest `r` dividing the rows `B` such that each run of `r` consecutive rows is one caption, in every array `ids`."
+    "The longest `r` dividing the rows `B` such that each run of `r` consecutive rows is one caption, in all `ids`."
     arrays = [np.asarray(a) for a in ids]
     B = len(arrays[0])
+    same = lambda a, r: (a.reshape(B // r, r, -1) == a.reshape(B // r, r, -1)[:, :1]).all()
     for r in range(B, 0, -1):
-        if B % r == 0 and all((a.reshape(B // r, r, -1) == a.reshape(B // r, r, -1)[:, :1]).all() for a in arrays): return r
+        if B % r == 0 and all(same(a, r) for a in arrays): return r
 
 def _start(model: DalleBart | DalleTransformer, text_ids, blank_ids, guided: bool, runs: int = 1, cache=None,
            length=None) -> dict:
-    "The loop's state before the first image token: the caption rows (and blank rows, guided) encoded into the KV cache,\n\n"
-    "one per run of `runs` rows; the self-attention cache in `cache` (a `CACHE_DTYPES` name), `length` positions long."
+    "The loop's state before the first image token: the caption rows (and blank rows, guided) encoded into the KV\n\n"
+    "cache, one per run of `runs` rows; the self-attention cache in `cache` (a `CACHE_DTYPES` name), `length` long."
     rows = jnp.concatenate([text_ids, blank_ids]) if guided else text_ids
     if isinstance(model, DalleTransformer):                       # decoder-only: the caption fills the cache once
         logits, kv = model.prefill(rows)
@@ -122,8 +123,8 @@ def _steps(model, state: dict, ts, keys, prefix, n_keep, cond_scale, temperature
 
 # %% ../nbs/07_sample.ipynb #052f40a6
 def _generate(model, text_ids, blank_ids, keys, prefix, *traced, runs: int = 1, cache=None, stages: int = 1, **static):
-    "Every image token in one program: `_start`, then `_steps` over the `image_len` positions in `stages` stages; the\n\n"
-    "BART's cache grows at each stage to the positions the stage reaches, so a token step reads only those."
+    "Every image token in one program: `_start`, then `_steps` over the `image_len` positions in `stages` stages;\n\n"
+    "the BART's cache grows at each stage to the positions the stage reaches, so a token step reads only those."
     n, bart = model.cfg.image_len, isinstance(model, DalleBart)
     ends = [n * (s + 1) // stages for s in range(stages)] if bart else [n]
     state = _start(model, text_ids, blank_ids, static["guided"], runs, cache, ends[0] if bart else None)
@@ -185,7 +186,8 @@ def _layout(model, text_ids, blank_ids, guided: bool, cache=None, stages=None) -
     "The cache's static layout `(dict(runs, cache), stages)` for these rows: this backend's defaults where `None`."
     default = default_layout()
     cache, stages = cache or default["cache"], default["stages"] if stages is None else stages
-    if cache not in CACHE_DTYPES: raise ValueError(f"generate: cache must be one of {', '.join(CACHE_DTYPES)}, got {cache!r}")
+    if cache not in CACHE_DTYPES:
+        raise ValueError(f"generate: cache must be one of {', '.join(CACHE_DTYPES)}, got {cache!r}")
     n = model.cfg.image_len
     if isinstance(stages, bool) or not isinstance(stages, (int, np.integer)) or not 1 <= stages <= n:
         raise ValueError(f"generate: stages must be a whole number from 1 to image_len={n}, got {stages!r}")
@@ -198,7 +200,8 @@ def generate(model: DalleBart | DalleTransformer, text_ids, keys, *, blank_ids=N
              temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, plausibility: float = 0.0, prefix=None, keep: int = 0,
              cache: str | None = None, stages: int | None = None):
     "Sample image token ids `[B, image_len]` for `B` rows of text ids, one PRNG key per row, in one compiled program; the first `keep` tokens are `prefix`'s.\n\n"
-    "`cache`: the BART's self-attention cache, one of `CACHE_DTYPES`; `stages`: how many times it grows (`DEFAULT_LAYOUT` where `None`)."
+    "`cache`: the BART's self-attention cache, one of `CACHE_DTYPES`; `stages`: how many times it grows\n\n"
+    "(`DEFAULT_LAYOUT` where `None`)."
     text_ids, blank_ids, prefix, traced, static = _checked(model, text_ids, keys, blank_ids, cond_scale, temperature, top_k, top_p,
                                                            plausibility, prefix, keep)
     layout, stages = _layout(model, text_ids, blank_ids, static["guided"], cache, stages)
@@ -208,7 +211,8 @@ def generate(model: DalleBart | DalleTransformer, text_ids, keys, *, blank_ids=N
 def generate_steps(model: DalleBart | DalleTransformer, text_ids, keys, *, every: int, blank_ids=None, cond_scale: float = 1.0,
                    temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, plausibility: float = 0.0, prefix=None, keep: int = 0,
                    cache: str | None = None):
-    "`generate` in pieces of `every` tokens: yields `(t, ids [B, t])`, the tokens drawn so far, after each piece, ending at `t = image_len` (the cache whole-length: one program for every piece)."
+    "`generate` in pieces of `every` tokens: yields `(t, ids [B, t])`, the tokens drawn so far, after each piece,\n\n"
+    "ending at `t = image_len` (the cache whole-length: one program for every piece)."
     if isinstance(every, bool) or not isinstance(every, (int, np.integer)) or every < 1:
         raise ValueError(f"generate_steps: every must be a positive number of tokens, got {every!r}")
     text_ids, blank_ids, prefix, traced, static = _checked(model, text_ids, keys, blank_ids, cond_scale, temperature, top_k, top_p,
@@ -223,8 +227,8 @@ def generate_steps(model: DalleBart | DalleTransformer, text_ids, keys, *, every
 # %% ../nbs/07_sample.ipynb #2211712b
 def state_bytes(model: DalleBart | DalleTransformer, rows: int, guided: bool = True, cache: str | None = None,
                 runs: int = 1) -> int:
-    "Bytes of the decode loop's state for `rows` images: KV cache (in `cache`, default this backend's) and the captions'\n\n"
-    "keys/values (both halves when guided; one per run of `runs` rows, default 1: every row its own caption)."
+    "Bytes of the decode loop's state for `rows` images: KV cache (in `cache`, default this backend's) and the\n\n"
+    "captions' keys/values (both halves when guided; one per run of `runs` rows, default 1: each row its own)."
     S = model.cfg.max_text_len if isinstance(model, DalleBart) else model.cfg.text_len
     text = jax.ShapeDtypeStruct((rows, S), jnp.int32)
     cache = cache or default_layout()["cache"]
