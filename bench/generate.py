@@ -18,6 +18,7 @@ The same run proves the work is equal: at a small width, min-dalle's modules loa
     python bench/generate.py --widths mega --images 1 --repeats 1 --out bench/results/generate_mega
     python bench/generate.py --smoke --out /tmp/g                                              # the smoke test's run
     python bench/generate.py --logits-error mega --out bench/results/generate                  # bfloat16/int8 error, ~17 GB
+    python bench/generate.py --cache-error mini --out bench/results/generate                   # bfloat16/int8 cache's error
     python bench/generate.py --device gpu --widths mega --images 1,16 --repeats 2 --quantize bfloat16 --out bench/results/generate_gpu
 
 `--device gpu` runs both sides on the first GPU: min-dalle in `--min-dalle-dtype` (float16 by default there, as its README
@@ -27,7 +28,9 @@ of equal work, not of speed: it runs on CPU only.
 
 `--quantize none,bfloat16,int8` runs our side once per weight form (`Pipeline(quantize=...)`). The report ends with the
 floor of a token step: the bytes it must read and the FLOPs it must do against this machine's measured bandwidth and
-matmul rate.
+matmul rate. The bytes are those of the decode layout `generate` uses (`--kv-cache`, default the backend's): the kernels,
+each row's self-attention cache up to the current position, and the cross-attention keys/values of the distinct captions
+(one prompt and the blank caption: 2, whatever the image count), beside what the staged cache actually reads.
 """
 import argparse, json, os, platform, resource, statistics, subprocess, sys, time
 from datetime import date
@@ -103,7 +106,9 @@ def run_ours(model_dir: str, quantize: str, images: list[int], repeats: int) -> 
     t_start = time.perf_counter()
     import jax
     from dalle_nb.pipeline import Pipeline
-    t0 = time.perf_counter(); pipe = Pipeline(model_dir, batch_size=max(images), quantize=None if quantize == "none" else quantize); load_s = time.perf_counter() - t0
+    from dalle_nb.sample import default_layout
+    t0 = time.perf_counter(); pipe = Pipeline(model_dir, batch_size=max(images), quantize=None if quantize == "none" else quantize,
+                                                    cache=os.environ.get("DALLE_NB_BENCH_KV_CACHE") or None); load_s = time.perf_counter() - t0
     loaded_gpu_gb, rows = jax_peak_gb("bytes_in_use"), []
     for k in images:
         res = {}
@@ -113,7 +118,7 @@ def run_ours(model_dir: str, quantize: str, images: list[int], repeats: int) -> 
         decode = timed(lambda: pipe.decode(tokens), repeats)[1]
         rows.append(dict(images=k, first_s=first, warm_s=warm, decode_s=decode, **({} if rows else {"first_image_s": first_end - t_start})))
     # on a GPU the peak includes XLA's autotuning scratch while compiling: its largest single allocation says how much
-    return dict(side="ours", quantize=quantize, load_s=load_s, rows=rows, peak_rss_gb=peak_rss_gb(), peak_gpu_gb=jax_peak_gb(),
+    return dict(side="ours", quantize=quantize, kv_cache=pipe.cache or default_layout()["cache"], load_s=load_s, rows=rows, peak_rss_gb=peak_rss_gb(), peak_gpu_gb=jax_peak_gb(),
                 loaded_gpu_gb=loaded_gpu_gb, largest_gpu_alloc_gb=jax_peak_gb("largest_alloc_size"),
                 runtime=f"jax {jax.__version__} {jax.devices()[0].platform} ({jax.devices()[0].device_kind}), {os.cpu_count()} threads")
 
@@ -233,13 +238,17 @@ def machine_throughput() -> dict:
                 int8_gop_s=2 * n ** 3 / best(jax.jit(lambda x, y: jax.lax.dot(x, y, preferred_element_type=jnp.int32)), a8, a8) / 1e9)
 
 
-def step_floor(width: str, quantize: str, rows: int, measured: dict) -> dict:
-    "Bytes and FLOPs of one token step (weights the step reads in the served form, KV cache at the mean length) and the time they need here."
+def step_floor(width: str, quantize: str, rows: int, measured: dict, cache: str | None = None, runs: int | None = None) -> dict:
+    "Bytes and FLOPs of one token step and the time they need here, for the decode layout `generate` uses: the kernels in\n\n"
+    "the served form, each row's self-attention cache up to the current position (mean over the 256 steps) in `cache`\n\n"
+    "(default: this backend's), and the cross-attention keys/values of the distinct captions (`rows / runs`; default 2:\n\n"
+    "one prompt and the blank caption). `layout_cache_mb` is what the staged cache (`DEFAULT_LAYOUT`'s stages) reads."
     import jax, numpy as np
     from dataclasses import replace
     from flax import nnx
     from dalle_nb.bart import DalleBart
     from dalle_nb.layers import serve_all
+    from dalle_nb.sample import default_layout
     cfg = replace(bart_config(width), scan_layers=False)
     model = nnx.eval_shape(lambda: serve_all(DalleBart(cfg, rngs=nnx.Rngs(0)), None if quantize == "none" else quantize))
     flat = {"/".join(map(str, k)): v for k, v in nnx.to_flat_state(nnx.state(model.decoder, nnx.Param))}
@@ -247,11 +256,21 @@ def step_floor(width: str, quantize: str, rows: int, measured: dict) -> dict:
             and "encoder_attn/v_proj" not in k}
     weights = sum(v.size * np.dtype(v.dtype).itemsize for v in read.values())
     params = sum(v.size for v in read.values())
-    cache = rows * cfg.decoder_layers * 2 * cfg.d_model * (TOKENS // 2 + cfg.max_text_len) * 4
-    flops = 2 * rows * params + 4 * rows * cfg.decoder_layers * cfg.d_model * (TOKENS // 2 + cfg.max_text_len)
+    layout = default_layout()
+    cache = cache or layout["cache"]
+    per_pos = {"float32": 4, "bfloat16": 2, "int8": 1 + 4 / cfg.head_dim}[cache]          # int8: + a float32 scale per head
+    cross_b = 4 if cache == "float32" else 2                                                # the captions' K/V: 16-bit unless float32
+    captions = rows // (runs or rows // 2)
+    kv = rows * cfg.decoder_layers * 2 * cfg.d_model * per_pos                             # bytes per cached position, all rows
+    mean_pos = (TOKENS + 1) / 2                                                             # positions 0..t read at step t
+    ends = [TOKENS * (s + 1) // layout["stages"] for s in range(layout["stages"])]
+    mean_staged = np.mean([next(e for e in ends if e > t) for t in range(TOKENS)])
+    cross = captions * cfg.decoder_layers * 2 * cfg.d_model * cfg.max_text_len * cross_b
+    flops = 2 * rows * params + 4 * rows * cfg.decoder_layers * cfg.d_model * (mean_pos + cfg.max_text_len)
     peak = measured["int8_gop_s"] if quantize == "int8" else measured["bfloat16_gflop_s" if quantize == "bfloat16" else "float32_gflop_s"]
-    return dict(width=width, quantize=quantize, rows=rows, weight_mb=weights / 1e6, cache_mb=cache / 1e6, gflop=flops / 1e9,
-                floor_ms=1e3 * max((weights + cache) / (measured["read_gb_s"] * 1e9), flops / (peak * 1e9)))
+    return dict(width=width, quantize=quantize, rows=rows, cache=cache, captions=captions, weight_mb=weights / 1e6,
+                cache_mb=(kv * mean_pos + cross) / 1e6, layout_cache_mb=float(kv * mean_staged + cross) / 1e6, gflop=flops / 1e9,
+                floor_ms=1e3 * max((weights + kv * mean_pos + cross) / (measured["read_gb_s"] * 1e9), flops / (peak * 1e9)))
 
 
 def logits_error(width: str, seed: int = 0) -> dict:
@@ -280,6 +299,35 @@ def logits_error(width: str, seed: int = 0) -> dict:
     return out
 
 
+def cache_error(width: str, seed: int = 0) -> dict:
+    "The decoder's logits decoded step by step through the KV cache (random weights at `width`, full depth, stored in\n\n"
+    "bfloat16 and computed in float32, 2 captions, teacher-forced tokens) with a bfloat16 and an int8 cache against float32."
+    import numpy as np, jax, jax.numpy as jnp
+    from dataclasses import replace
+    from flax import nnx
+    from dalle_nb.bart import DalleBart, text_mask, shift_right
+    cfg = replace(bart_config(width), param_dtype="bfloat16")          # Mega's 2.6 B parameters in 5 GB
+    model = DalleBart(cfg, rngs=nnx.Rngs(seed))
+    rng = np.random.default_rng(seed)
+    text = np.ones((2, cfg.max_text_len), np.int32); text[:, 0] = 0
+    text[:, 1:12] = rng.integers(3, cfg.text_vocab, (2, 11)); text[:, 12] = 2
+    image = rng.integers(0, cfg.image_codes, (2, TOKENS)).astype(np.int32)
+
+    @nnx.jit(static_argnames="dtype", graph_updates=False)
+    def stepped(m, text, image, dtype):
+        tm, inp = text_mask(text, cfg.pad_id), shift_right(image, cfg.bos_id)
+        cache = m.decoder.init_cache(m.encoder(text), tm, dtype)
+        step = lambda c, t: m.decoder.step(inp[:, t], t, c, tm)[::-1]
+        return jax.lax.scan(step, cache, jnp.arange(TOKENS))[1]
+    ref = np.asarray(stepped(model, text, image, "float32"), np.float64)
+    out = dict(width=width, tokens=TOKENS, rows=2, weights="bfloat16-stored, float32 compute")
+    for c in ("bfloat16", "int8"):
+        got = np.asarray(stepped(model, text, image, c), np.float64)
+        out[f"cache_{c}"] = dict(relative_error=float(np.linalg.norm(got - ref) / np.linalg.norm(ref)),
+                                 top1_agreement=float((got.argmax(-1) == ref.argmax(-1)).mean()))
+    return out
+
+
 def cli_twice(model_dir: str, quantize: str, k: int) -> dict:
     "Wall time of two `dalle-nb generate` processes in a row sharing a fresh compilation cache: the second skips compiling."
     import shutil, tempfile
@@ -304,6 +352,7 @@ def child(argv: list[str]) -> dict:
     if kind == "make-min-dalle": return dict(path=str(make_min_dalle_dir(rest[0], Path(rest[1]))))
     if kind == "agree": return greedy_agreement()
     if kind == "error": return logits_error(rest[0])
+    if kind == "cache-error": return cache_error(rest[0])
     if kind == "floor":
         measured = machine_throughput()
         return dict(measured=measured, floors=[step_floor(w, q, 2 * int(k), measured) for w in rest[0].split(",") for q in rest[1].split(",") for k in rest[2].split(",")])
@@ -375,11 +424,19 @@ def main(argv=None):
     p.add_argument("--out", default=None, help="write generate.json and generate.md here")
     p.add_argument("--second-process", action="store_true", help="also time two `dalle-nb generate` processes sharing a fresh compilation cache")
     p.add_argument("--logits-error", default=None, metavar="WIDTH", help="only measure the logits' error with bfloat16 and int8 weights at WIDTH (mega: ~17 GB)")
+    p.add_argument("--cache-error", default=None, metavar="WIDTH", help="only measure the logits' error with a bfloat16 and an int8 KV cache at WIDTH (weights stored in bfloat16: mega 5.2 GB)")
+    p.add_argument("--kv-cache", default=None, choices=["float32", "bfloat16", "int8"], help="our decode cache (default: float32 on cpu, bfloat16 on gpu)")
     p.add_argument("--device", default="cpu", choices=["cpu", "gpu"], help="where both sides run (gpu: the first CUDA device)")
     p.add_argument("--min-dalle-dtype", default=None, choices=["float32", "float16", "bfloat16"], help="min-dalle's dtype (default: float32 on cpu, float16 on gpu)")
     a = p.parse_args(argv)
     os.environ["DALLE_NB_BENCH_DEVICE"] = a.device                       # the children read both (`device()`, `min_dalle_dtype()`)
     os.environ["DALLE_NB_BENCH_MIN_DALLE_DTYPE"] = a.min_dalle_dtype or ""
+    os.environ["DALLE_NB_BENCH_KV_CACHE"] = a.kv_cache or ""
+    if a.cache_error:
+        err = in_process("cache-error", a.cache_error)
+        print(json.dumps(err, indent=1))
+        if a.out: Path(a.out).mkdir(parents=True, exist_ok=True); (Path(a.out) / f"cache_error_{a.cache_error}.json").write_text(json.dumps(dict(err, date=str(date.today())), indent=1))
+        return err
     if a.device == "gpu": os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")   # JAX takes what it uses, as torch does
     if a.logits_error:
         err = in_process("error", a.logits_error)
@@ -426,8 +483,11 @@ def main(argv=None):
         m = floor["measured"]
         md += (f"\n\nThe floor of a token step on this machine (memory read {m['read_gb_s']:.0f} GB/s, matmul {m['float32_gflop_s']:.0f} GFLOP/s float32, "
                f"{m['bfloat16_gflop_s']:.0f} bfloat16, {m['int8_gop_s']:.0f} GOP/s int8, measured here): max(bytes ÷ bandwidth, FLOPs ÷ matmul rate)\n\n"
-               "| width | weights | rows | weights read (MB) | KV cache read (MB) | GFLOP | floor (ms/token step) |\n|---|---|---|---|---|---|---|\n")
-        md += "\n".join(f"| {f['width']} | {f['quantize']} | {f['rows']} | {f['weight_mb']:.0f} | {f['cache_mb']:.0f} | {f['gflop']:.2f} | {f['floor_ms']:.1f} |" for f in floor["floors"])
+               "the cache read to the current position, the captions' keys/values once per distinct caption; \"staged\" is what the cache's stages read\n\n"
+               "| width | weights | cache | rows | captions | weights read (MB) | KV read (MB) | staged KV read (MB) | GFLOP | floor (ms/token step) |\n"
+               "|---|---|---|---|---|---|---|---|---|---|\n")
+        md += "\n".join(f"| {f['width']} | {f['quantize']} | {f['cache']} | {f['rows']} | {f['captions']} | {f['weight_mb']:.0f} | {f['cache_mb']:.0f} | "
+                         f"{f['layout_cache_mb']:.0f} | {f['gflop']:.2f} | {f['floor_ms']:.1f} |" for f in floor["floors"])
     clis = [(w, side, rep["cli"], next(r for r in rep["rows"] if r["images"] == rep["cli"]["images"])) for w, sides in widths.items()
             for side, rep in sides.items() if "cli" in rep and "error" not in rep["cli"]]
     for w, side, c, row in clis:

@@ -32,6 +32,7 @@ def main(argv=None):
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--plausibility", type=float, default=None, help="sampling guard α (default: the model's setting)")
     p.add_argument("--quantize", default=None, choices=("bfloat16", "int8"), help="the transformer's weights in this form (default float32)")
+    p.add_argument("--cache", default=None, choices=("float32", "bfloat16", "int8"), help="the decode cache (default: the backend's)")
     p.add_argument("--out", default="bench/results")
     p.add_argument("--negative", default=None, metavar="TEXT", help="measure this negative prompt on --prompt (see above)")
     p.add_argument("--prompt", default="a circle", help="with --negative: the prompt drawn with and without it")
@@ -43,7 +44,7 @@ def main(argv=None):
     from dalle_nb.images import to_float, center_crop_resize
     from flax import nnx
 
-    pipe = Pipeline(a.model, batch_size=a.n, quantize=a.quantize)
+    pipe = Pipeline(a.model, batch_size=a.n, quantize=a.quantize, cache=a.cache)
     scales = [float(s) for s in a.scales.split(",")]
 
     # The ceiling the VQGAN sets: how often the checker still accepts a ground-truth image after encode → decode.
@@ -76,7 +77,7 @@ def main(argv=None):
 
     out = Path(a.out); out.mkdir(parents=True, exist_ok=True)
     meta = dict(date=str(date.today()), machine=f"{platform.machine()} {platform.processor() or ''} ({_cpu()})",
-                model=str(pipe.models.path), arch=pipe.cfg.arch, image_tokenizer=pipe.cfg.image_tokenizer, quantize=a.quantize, seconds=round(seconds, 1), command="python bench/quality.py " + " ".join(argv or sys.argv[1:]))
+                model=str(pipe.models.path), arch=pipe.cfg.arch, image_tokenizer=pipe.cfg.image_tokenizer, quantize=a.quantize, cache=a.cache, seconds=round(seconds, 1), command="python bench/quality.py " + " ".join(argv or sys.argv[1:]))
     (out / "quality.json").write_text(json.dumps(dict(meta=meta, vqgan_roundtrip_accuracy=ceiling, rows=rows), indent=1))
     table = ["| category | cond scale | plausibility α | first sample | CLIP best of %d | any of %d |" % (a.n, a.n), "|---|---|---|---|---|---|"]
     table += [f"| {r['category']} | {r['cond_scale']:g} | {r['plausibility']:g} | {r['first']:.0%} | {r['reranked']:.0%} | {r['oracle']:.0%} |" for r in rows]

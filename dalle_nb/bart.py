@@ -13,13 +13,14 @@ from jax.ad_checkpoint import checkpoint_name
 import optax
 from flax import nnx
 from .config import BartConfig
-from .layers import Linear, Embed, Norm, constrain, dtype_of, gelu, shapes_only, abstract_module, count_params
+from .layers import (Linear, Embed, Norm, constrain, dtype_of, quantize_rows, gelu, shapes_only, abstract_module,
+                             count_params)
 from fastcore.basics import patch
 
 # %% auto #0
-__all__ = ['REMAT_POLICIES', 'attend', 'attend_cached', 'Attention', 'GLU', 'EncoderLayer', 'DecoderLayer', 'LayerStack',
-           'Encoder', 'text_mask', 'Decoder', 'shift_right', 'DalleBart', 'bart_loss', 'KVCache', 'unstack_params',
-           'param_counts']
+__all__ = ['REMAT_POLICIES', 'CACHE_DTYPES', 'attend', 'Int8KV', 'attend_cached', 'Attention', 'GLU', 'EncoderLayer',
+           'DecoderLayer', 'LayerStack', 'Encoder', 'text_mask', 'Decoder', 'shift_right', 'DalleBart', 'bart_loss',
+           'KVCache', 'unstack_params', 'param_counts']
 
 # %% ../nbs/06_bart.ipynb #6465c90f
 def attend(q, k, v, mask, impl: str = "einsum"):
@@ -31,13 +32,26 @@ def attend(q, k, v, mask, impl: str = "einsum"):
     probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
     return jnp.einsum("bhqk,bkhd->bqhd", probs, v)
 
+class Int8KV(NamedTuple):
+    "An 8-bit cache entry: int8 values `[..., D, T]` and a float32 scale per position and head `[..., 1, T]`."
+    q: jax.Array
+    scale: jax.Array
+
+def _readable(c, dtype):
+    "A cache entry as `(values in a dtype the dots take, scale or None)`."
+    return (c.q.astype(dtype), c.scale) if isinstance(c, Int8KV) else (c, None)
+
 def attend_cached(q, k, v, mask):
-    "`attend` to a decoding cache laid out `[B,H,D,Tk]` (k and v): the layout the dots take as it is, so a token step\n\n"
-    "reads each layer's cache once instead of first transposing it (on a CPU that copy cost a third of the step)."
-    scores = jnp.einsum("bqhd,bhdk->bhqk", q, k, preferred_element_type=jnp.float32) / math.sqrt(q.shape[-1])
+    "`attend` to a decoding cache laid out `[B,H,D,Tk]` (k and v: float32, bfloat16 or `Int8KV`), the layout\n\n"
+    "the dots take as it is, so a step reads each layer's cache once instead of first transposing it (on a CPU\n\n"
+    "that copy cost a third of the step). An 8-bit entry's scales multiply the scores (keys) and the probabilities."
+    (k, ks), (v, vs) = _readable(k, q.dtype), _readable(v, q.dtype)
+    scores = jnp.einsum("bqhd,bhdk->bhqk", q.astype(k.dtype), k, preferred_element_type=jnp.float32)
+    scores = (scores if ks is None else scores * ks) / math.sqrt(q.shape[-1])
     scores = jnp.where(mask, scores, jnp.finfo(jnp.float32).min)
-    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-    return jnp.einsum("bhqk,bhdk->bqhd", probs, v)
+    probs = jax.nn.softmax(scores, axis=-1)
+    probs = (probs if vs is None else probs * vs).astype(v.dtype)
+    return jnp.einsum("bhqk,bhdk->bqhd", probs, v).astype(q.dtype)
 
 # %% ../nbs/06_bart.ipynb #9dc8dba7
 class Attention(nnx.Module):
@@ -127,8 +141,12 @@ class DecoderLayer(nnx.Module):
         self.postln = cfg.ln_positions == "postln"
 
     def _finish(self, x, cross_k, cross_v, text_mask, cached: bool = False):
-        "Cross-attention and GLU blocks (shared by the full and the cached path)."
-        def cross(h): return self.encoder_attn(h, cross_k, cross_v, text_mask, cached)
+        "Cross-attention and GLU blocks (shared by the full and the cached path). Cached, the `G` captions'\n\n"
+        "keys/values `[G, H, D, S]` serve `B = G × r` rows in `G` runs of `r`: a run's rows are its caption's queries."
+        def cross(h):
+            G, (B, T, d) = cross_k.shape[0], h.shape
+            if not cached or G == B: return self.encoder_attn(h, cross_k, cross_v, text_mask, cached)
+            return self.encoder_attn(h.reshape(G, B // G * T, d), cross_k, cross_v, text_mask, cached).reshape(B, T, d)
         x = _residual(x, cross, self.pre_encoder_attn_layer_norm, self.encoder_attn_layer_norm, self.postln)
         x = _residual(x, self.glu, None, self.glu_layer_norm, self.postln)
         return constrain(x, ("batch", "length", "embed"))
@@ -144,19 +162,25 @@ class DecoderLayer(nnx.Module):
         return enc, self.encoder_attn.kv(enc)
 
 # %% ../nbs/06_bart.ipynb #0194a724
+def _write(c, new, at):
+    "Cache entry `c` (an array or `Int8KV`) with `new` (float, `[..., D, 1]`) written in place at index `at`."
+    if not isinstance(c, Int8KV): return jax.lax.dynamic_update_slice(c, new.astype(c.dtype), at)
+    q, scale = quantize_rows(new, axis=-2)
+    return Int8KV(jax.lax.dynamic_update_slice(c.q, q, at), jax.lax.dynamic_update_slice(c.scale, scale, at))
+
 @patch
 def step(self: DecoderLayer, x, pos, text_mask, k_c, v_c, layer, cross_k, cross_v):
     "One new position `pos` (`x` is `[B, 1, d]`): write its key/value into the cache, attend to positions ≤ pos.\n\n"
     "The caches are this layer's `[B, heads, head_dim, T]` (`layer=None`) or row `layer` of whole-depth ones\n\n"
-    "`[L, B, heads, head_dim, T]`; either way written in place (only the new column moves)."
-    mine = (lambda a: a) if layer is None else (lambda a: a[layer])
+    "`[L, B, heads, head_dim, T]`; either way written in place (only the new column moves). `T` may be any length\n\n"
+    "> pos: the step reads all `T` positions, so a cache grown in stages (`Decoder.grow_cache`) reads only its stage's."
+    mine = (lambda c: c) if layer is None else (lambda c: jax.tree.map(lambda a: a[layer], c))
     def attn(h):
         k, v = (a.transpose(0, 2, 3, 1) for a in self.self_attn.kv(h))           # [B, H, D, 1]
         nonlocal k_c, v_c
         at, k, v = ((0, 0, 0, pos), k, v) if layer is None else ((layer, 0, 0, 0, pos), k[None], v[None])
-        k_c = jax.lax.dynamic_update_slice(k_c, k.astype(k_c.dtype), at)
-        v_c = jax.lax.dynamic_update_slice(v_c, v.astype(v_c.dtype), at)
-        seen = jnp.arange(k_c.shape[-1]) <= pos
+        k_c, v_c = _write(k_c, k, at), _write(v_c, v, at)
+        seen = jnp.arange(jax.tree.leaves(k_c)[0].shape[-1]) <= pos
         return self.self_attn(h, mine(k_c), mine(v_c), seen, cached=True)
     x = _residual(x, attn, self.pre_self_attn_layer_norm, self.self_attn_layer_norm, self.postln)
     return self._finish(x, cross_k, cross_v, text_mask, cached=True), k_c, v_c
@@ -296,22 +320,41 @@ def bart_loss(model: DalleBart, text_ids, image_ids):
     return loss, {"loss": loss, "accuracy": acc}
 
 # %% ../nbs/06_bart.ipynb #5cf33de4
+CACHE_DTYPES = ("float32", "bfloat16", "int8")
+
 class KVCache(NamedTuple):
     "Per-layer self-attention keys/values written as tokens are generated, and the cross-attention ones of the text."
-    k: jax.Array         # [layers, B, heads, head_dim, image_len]: `attend_cached`'s layout (a tuple per layer, unscanned)
-    v: jax.Array
-    cross_k: jax.Array   # [layers, B, heads, head_dim, S]
+    k: jax.Array         # [layers, B, heads, head_dim, T]: `attend_cached`'s layout (a tuple per layer, unscanned),
+    v: jax.Array         # an `Int8KV` (values + [layers, B, heads, 1, T] scales) for the 8-bit cache; T ≤ image_len
+    cross_k: jax.Array   # [layers, G, heads, head_dim, S]: one per distinct caption, shared by its B / G rows
     cross_v: jax.Array
 
+def _empty(shape, dtype: str):
+    "An empty self-attention cache entry `[..., D, T]` of `dtype` (one of `CACHE_DTYPES`)."
+    if dtype != "int8": return jnp.zeros(shape, dtype_of(dtype))
+    return Int8KV(jnp.zeros(shape, jnp.int8), jnp.zeros(shape[:-2] + (1, shape[-1]), jnp.float32))
+
 @patch
-def init_cache(self: Decoder, enc, text_mask, dtype=None) -> KVCache:
-    "An empty self-attention cache and the text's cross-attention keys/values, for sampling."
+def init_cache(self: Decoder, enc, text_mask, dtype=None, rows: int | None = None,
+               length: int | None = None) -> KVCache:
+    "An empty self-attention cache of `rows` rows (default: one per caption) and `length` positions (default all),\n\n"
+    "in `dtype` (`CACHE_DTYPES`; default the model's), and the cross-attention keys/values of the `G` captions `enc`."
+    dtype, rows = jnp.dtype(dtype or self.cfg.dtype).name, rows or enc.shape[0]
+    if dtype not in CACHE_DTYPES: raise ValueError(f"cache dtype must be one of {CACHE_DTYPES}, got {dtype!r}")
+    if rows % enc.shape[0]: raise ValueError(f"init_cache: {rows} rows do not split into {enc.shape[0]} captions' runs")
     _, (ck, cv) = self.layers(enc, text_mask, method="cross_kv")
-    dtype = dtype or dtype_of(self.cfg.dtype)
-    shape = (self.cfg.decoder_layers, enc.shape[0], self.cfg.heads, self.cfg.head_dim, self.cfg.image_len)
-    hdt = lambda a: a.transpose(0, 1, 3, 4, 2).astype(dtype)                   # [L, B, S, H, D] → [L, B, H, D, S]
-    per = (lambda a: a) if self.cfg.scan_layers else (lambda a: tuple(a[i] for i in range(shape[0])))
-    return KVCache(per(jnp.zeros(shape, dtype)), per(jnp.zeros(shape, dtype)), per(hdt(ck)), per(hdt(cv)))
+    shape = (self.cfg.decoder_layers, rows, self.cfg.heads, self.cfg.head_dim, length or self.cfg.image_len)
+    cross = dtype_of("bfloat16" if dtype == "int8" else dtype)                  # the captions' few rows stay 16-bit
+    hdt = lambda a: a.transpose(0, 1, 3, 4, 2).astype(cross)                   # [L, G, S, H, D] → [L, G, H, D, S]
+    layer = lambda a, i: jax.tree.map(lambda x: x[i], a)
+    per = (lambda a: a) if self.cfg.scan_layers else (lambda a: tuple(layer(a, i) for i in range(shape[0])))
+    return KVCache(per(_empty(shape, dtype)), per(_empty(shape, dtype)), per(hdt(ck)), per(hdt(cv)))
+
+@patch
+def grow_cache(self: Decoder, cache: KVCache, length: int) -> KVCache:
+    "`cache` with its self-attention positions padded (empty) to `length`: the next stage of a staged decode."
+    pad = lambda a: jnp.pad(a, [(0, 0)] * (a.ndim - 1) + [(0, length - a.shape[-1])])
+    return cache._replace(k=jax.tree.map(pad, cache.k), v=jax.tree.map(pad, cache.v))
 
 @patch
 def step(self: Decoder, tokens, pos, cache: KVCache, text_mask):

@@ -329,7 +329,7 @@ def _checked(a, prompts):
             every = None if a.progressive is None else check_setting("every", a.progressive)
             for name in ("n", "rerank", "cond_scale", "seed", "temperature", "top_k", "top_p", "plausibility", "keep_rows", "max_memory"):
                 if getattr(a, name) is not None: check_setting(name, getattr(a, name))   # NaN, sign: before loading anything
-            pipe = Pipeline(a.model, quantize=a.quantize)
+            pipe = Pipeline(a.model, quantize=a.quantize, cache=a.cache)
             st = pipe.settings(a.n, a.rerank, a.cond_scale, 0 if a.seed is None else a.seed, a.temperature, a.top_k, a.top_p, a.plausibility)
             pipe.encode_negative(a.negative, st["cond_scale"])
             for i, p in enumerate(prompts):
@@ -473,7 +473,8 @@ def _regenerate(a) -> int:
     except ValueError as e: raise UsageError(f"--from {e}") from None
     if not isinstance(rec.get("model", ""), str): raise UsageError(f"--from {a.from_png}: its record's model is not a path; give --model DIR")
     model = a.model or (None if rec.get("model") in ("shipped", "", None) else rec["model"])
-    try: r, same = Pipeline(model, quantize=a.quantize or rec.get("settings", {}).get("quantize")).regenerate(rec)
+    try: r, same = Pipeline(model, quantize=a.quantize or rec.get("settings", {}).get("quantize"),
+                             cache=a.cache or rec.get("settings", {}).get("cache")).regenerate(rec)
     except ModelDirError as e: raise UsageError(f"{e} (the model the image was made with; give --model DIR)") from None
     except HubError as e: raise UsageError(str(e)) from None
     except ValueError as e: raise UsageError(f"--from {a.from_png}: {e}") from None
@@ -524,6 +525,9 @@ def _add_generate(sub):
     g.add_argument("--quantize", choices=("bfloat16", "int8"), default=None,
                    help="the transformer's weights in bfloat16 or int8 (int8: ~2× faster token steps on a CPU, ¼ the "
                         "memory; BENCHMARKS.md has the error; default: float32)")
+    g.add_argument("--cache", choices=("float32", "bfloat16", "int8"), default=None,
+                   help="the decode cache of keys/values (default: float32 on a CPU, bfloat16 on accelerators; "
+                        "BENCHMARKS.md has the error)")
     g.add_argument("--max-memory", type=float, default=None, metavar="GB", help="memory this process may use (GiB): "
                    "batches are split to fit, or the request is refused (default: what is free)")
     g.add_argument("--quiet", action="store_true", help="no progress bar")

@@ -17,6 +17,7 @@ from .images import image_grid, save_png, png_text, to_uint8, to_float, load_ima
 from .modeldir import Models, load_models, default_model_dir
 from .clip import clip_scores
 from .sample import generate as sample_tokens, generate_steps, row_keys, state_bytes
+from .bart import CACHE_DTYPES
 from .layers import xla_cpu_defaults, serve_all, QUANTIZE
 from .widget import panel                 # the ipywidgets panel behind `widget` (10a_widget)
 
@@ -68,14 +69,17 @@ class PromptError(ValueError):
 
 class Pipeline:
     "Text → ranked images with a loaded model directory."
-    def __init__(self, models: Models | str | Path | None = None, batch_size: int = 16, quantize: str | None = None):
+    def __init__(self, models: Models | str | Path | None = None, batch_size: int = 16, quantize: str | None = None,
+                 cache: str | None = None):
         "`models`: loaded `Models`, a model directory, or a published set's name (`'mega'`, `dalle_nb.hub`), fetched and converted on first use.\n\n"
-        "`quantize`: the text→image transformer's weights as float32 (`None`), `'bfloat16'` or `'int8'` (`Linear.serve`)."
+        "`quantize`: the text→image transformer's weights as float32 (`None`), `'bfloat16'` or `'int8'` (`Linear.serve`);\n\n"
+        "`cache`: its decode cache, one of `CACHE_DTYPES` (`None`: this backend's default, `sample.DEFAULT_LAYOUT`)."
         if quantize not in QUANTIZE: raise SettingError("quantize", f"must be one of {', '.join(map(str, QUANTIZE))}; got {quantize!r}")
+        if cache not in (None, *CACHE_DTYPES): raise SettingError("cache", f"must be one of {', '.join(CACHE_DTYPES)}; got {cache!r}")
         from dalle_nb.hub import is_published, published, model_dir
         hub_name = published(models).name if is_published(models) else None
         if hub_name: models = model_dir(hub_name)                  # HubError (one line) when it cannot be fetched
-        self.models, self.quantize = serving_models(models, quantize), quantize
+        self.models, self.quantize, self.cache = serving_models(models, quantize), quantize, cache
         self.cfg, self.batch_size = self.models.cfg, check_setting("batch_size", batch_size)
         jit = lambda f: nnx.jit(f, graph_updates=False)       # the models are read only: no copy of them out of each call
         self._decode = jit(lambda m, ids: m.decode(ids))
@@ -187,7 +191,7 @@ def _batch(self: Pipeline, text_ids, keys, pad_to: int, st: dict, prefix=None, k
     uncond = self.models.text.blank(1) if negative_ids is None else negative_ids
     kw = dict(blank_ids=np.repeat(np.asarray(uncond), pad_to, 0), cond_scale=st["cond_scale"],
               temperature=st["temperature"], top_k=st["top_k"], top_p=st["top_p"], plausibility=st["plausibility"],
-              prefix=None if prefix is None else np.repeat(prefix, pad_to, 0), keep=keep)
+              prefix=None if prefix is None else np.repeat(prefix, pad_to, 0), keep=keep, cache=self.cache)
     if every is None:
         yield self.image_len, np.asarray(sample_tokens(self.models.transformer, fill(text_ids), keys, **kw))[:rows]
         return
@@ -320,6 +324,7 @@ def many(self: Pipeline, prompts, callback=None, **kw) -> list[Result]:
     sampling = {k: kw[k] for k in ("n", "rerank", "cond_scale", "seed", "temperature", "top_k", "top_p", "plausibility") if k in kw}
     st = self.settings(**sampling)
     if self.quantize: st["quantize"] = self.quantize                                # in every record: `--from` draws with it
+    if self.cache: st["cache"] = self.cache
     if kw.get("negative"): st["negative"] = kw["negative"]
     st["batch"] = kw.get("pad_to") or min(self.batch_size, st["n"] * len(prompts) if kw.get("indices") is None else len(kw["indices"]) * len(prompts))
     if kw.get("image_prompt") is not None:
@@ -463,7 +468,7 @@ def memory_estimate(self: Pipeline, n: int, rerank: int, prompts: int = 1, batch
     m = self.models
     weights = sum(x.nbytes for mod in (m.transformer, m.image_tokenizer, m.clip) if mod is not None for x in jax.tree.leaves(nnx.state(mod)))
     bs, res = batch or min(self.batch_size, n * prompts), self.cfg.tokenizer_cfg.resolution
-    per_batch = 2 * state_bytes(m.transformer, bs) + 8 * bs * res * res * 3 * 4 * 8
+    per_batch = 2 * state_bytes(m.transformer, bs, cache=self.cache) + 8 * bs * res * res * 3 * 4 * 8
     kept = prompts * (rerank or n) * (res * res * 3 + 4 * self.image_len)
     return dict(weights=weights, batch=per_batch, kept=kept, total=weights + per_batch + kept)
 

@@ -10,12 +10,12 @@ from functools import partial
 import jax, jax.numpy as jnp
 import numpy as np
 from flax import nnx
-from .bart import DalleBart, text_mask
+from .bart import DalleBart, text_mask, CACHE_DTYPES
 from .dalle import DalleTransformer
 
 # %% auto #0
-__all__ = ['kth_largest', 'filter_logits', 'supercondition', 'keep_plausible', 'row_keys', 'generate', 'generate_steps',
-           'state_bytes']
+__all__ = ['DEFAULT_LAYOUT', 'kth_largest', 'filter_logits', 'supercondition', 'keep_plausible', 'row_keys', 'caption_runs',
+           'default_layout', 'generate', 'generate_steps', 'state_bytes']
 
 # %% ../nbs/07_sample.ipynb #11030af5
 def kth_largest(x, k: int):
@@ -76,15 +76,26 @@ def _draw(logits, t, keys, codes: int, cond_scale, temperature, top_p, plausibil
     return jax.vmap(jax.random.categorical)(step_keys, logits).astype(jnp.int32)
 
 # %% ../nbs/07_sample.ipynb #61632257
-def _start(model: DalleBart | DalleTransformer, text_ids, blank_ids, guided: bool) -> dict:
-    "The loop's state before the first image token: the caption rows (and blank rows, guided) encoded into the KV cache."
+def caption_runs(*ids) -> int:
+    "The longest `r` dividing the rows `B` such that each run of `r` consecutive rows is one caption, in all `ids`."
+    arrays = [np.asarray(a) for a in ids]
+    B = len(arrays[0])
+    same = lambda a, r: (a.reshape(B // r, r, -1) == a.reshape(B // r, r, -1)[:, :1]).all()
+    for r in range(B, 0, -1):
+        if B % r == 0 and all(same(a, r) for a in arrays): return r
+
+def _start(model: DalleBart | DalleTransformer, text_ids, blank_ids, guided: bool, runs: int = 1, cache=None,
+           length=None) -> dict:
+    "The loop's state before the first image token: the caption rows (and blank rows, guided) encoded into the KV\n\n"
+    "cache, one per run of `runs` rows; the self-attention cache in `cache` (a `CACHE_DTYPES` name), `length` long."
     rows = jnp.concatenate([text_ids, blank_ids]) if guided else text_ids
     if isinstance(model, DalleTransformer):                       # decoder-only: the caption fills the cache once
-        logits, cache = model.prefill(rows)
-        return dict(cache=cache, logits=logits)
-    mask = text_mask(rows, model.cfg.pad_id)
-    return dict(cache=model.decoder.init_cache(model.encoder(rows), mask), mask=mask,
-                prev=jnp.full((text_ids.shape[0],), model.cfg.bos_id, jnp.int32))
+        logits, kv = model.prefill(rows)
+        return dict(cache=kv, logits=logits)
+    distinct = rows if runs == 1 else rows[::runs]
+    mask = text_mask(distinct, model.cfg.pad_id)
+    return dict(cache=model.decoder.init_cache(model.encoder(distinct), mask, cache, rows=len(rows), length=length),
+                mask=mask, prev=jnp.full((text_ids.shape[0],), model.cfg.bos_id, jnp.int32))
 
 # %% ../nbs/07_sample.ipynb #7b9dd217
 def _steps(model, state: dict, ts, keys, prefix, n_keep, cond_scale, temperature, top_p, plausibility,
@@ -111,16 +122,25 @@ def _steps(model, state: dict, ts, keys, prefix, n_keep, cond_scale, temperature
     return dict(cache=cache, mask=state["mask"], prev=prev), toks.T
 
 # %% ../nbs/07_sample.ipynb #052f40a6
-def _generate(model, text_ids, blank_ids, keys, prefix, *traced, **static):
-    "Every image token in one program: `_start`, then `_steps` over all `image_len` positions."
-    state = _start(model, text_ids, blank_ids, static["guided"])
-    return _steps(model, state, jnp.arange(model.cfg.image_len, dtype=jnp.int32), keys, prefix, *traced, **static)[1]
+def _generate(model, text_ids, blank_ids, keys, prefix, *traced, runs: int = 1, cache=None, stages: int = 1, **static):
+    "Every image token in one program: `_start`, then `_steps` over the `image_len` positions in `stages` stages;\n\n"
+    "the BART's cache grows at each stage to the positions the stage reaches, so a token step reads only those."
+    n, bart = model.cfg.image_len, isinstance(model, DalleBart)
+    ends = [n * (s + 1) // stages for s in range(stages)] if bart else [n]
+    state = _start(model, text_ids, blank_ids, static["guided"], runs, cache, ends[0] if bart else None)
+    drawn, lo = [], 0
+    for hi in ends:
+        if bart: state["cache"] = model.decoder.grow_cache(state["cache"], hi)
+        state, toks = _steps(model, state, jnp.arange(lo, hi, dtype=jnp.int32), keys, prefix, *traced, **static)
+        drawn.append(toks); lo = hi
+    return drawn[0] if len(drawn) == 1 else jnp.concatenate(drawn, 1)
 
 _STATIC = ("top_k", "guided", "nucleus", "guard", "prefixed")
+_LAYOUT = ("runs", "cache")                                   # the state's shapes: static for `_start` and `_generate`
 # graph_updates=False: sampling changes no model state, and by default nnx.jit returns the model's state as outputs,
 # which makes XLA copy every weight on every call (1.7 GB per call at DALL·E Mini's size)
-_generate_jit = nnx.jit(_generate, static_argnames=_STATIC, graph_updates=False)
-_start_jit = nnx.jit(_start, static_argnames=("guided",), graph_updates=False)
+_generate_jit = nnx.jit(_generate, static_argnames=_STATIC + _LAYOUT + ("stages",), graph_updates=False)
+_start_jit = nnx.jit(_start, static_argnames=("guided",) + _LAYOUT, graph_updates=False)
 _steps_jit = nnx.jit(_steps, static_argnames=_STATIC, donate_argnames=("state",), graph_updates=False)
 
 # %% ../nbs/07_sample.ipynb #74788cb7
@@ -153,32 +173,64 @@ def _checked(model, text_ids, keys, blank_ids, cond_scale, temperature, top_k, t
     static = dict(top_k=int(top_k), guided=guided, nucleus=float(top_p) < 1.0, guard=float(plausibility) > 0, prefixed=keep > 0)
     return text_ids, blank_ids, prefix, traced, static
 
+# %% ../nbs/07_sample.ipynb #3b5e7a10
+# float32 stays the CPU's cache (no faster in bfloat16 there: docs/experiments/2026-11-27-decode-floor.md); accelerators
+# read half the bytes in bfloat16. Stages: see the same file.
+DEFAULT_LAYOUT = {"cpu": dict(cache="float32", stages=1), "accelerator": dict(cache="bfloat16", stages=8)}
+
+def default_layout() -> dict:
+    "This backend's `DEFAULT_LAYOUT`: `dict(cache, stages)`."
+    return DEFAULT_LAYOUT["cpu" if jax.default_backend() == "cpu" else "accelerator"]
+
+def _layout(model, text_ids, blank_ids, guided: bool, cache=None, stages=None) -> tuple[dict, int]:
+    "The cache's static layout `(dict(runs, cache), stages)` for these rows: this backend's defaults where `None`."
+    default = default_layout()
+    cache, stages = cache or default["cache"], default["stages"] if stages is None else stages
+    if cache not in CACHE_DTYPES:
+        raise ValueError(f"generate: cache must be one of {', '.join(CACHE_DTYPES)}, got {cache!r}")
+    n = model.cfg.image_len
+    if isinstance(stages, bool) or not isinstance(stages, (int, np.integer)) or not 1 <= stages <= n:
+        raise ValueError(f"generate: stages must be a whole number from 1 to image_len={n}, got {stages!r}")
+    if not isinstance(model, DalleBart): return dict(runs=1, cache=cache), 1
+    runs = caption_runs(text_ids, blank_ids) if guided else caption_runs(text_ids)
+    return dict(runs=runs, cache=cache), int(stages)
+
 # %% ../nbs/07_sample.ipynb #0271727d
 def generate(model: DalleBart | DalleTransformer, text_ids, keys, *, blank_ids=None, cond_scale: float = 1.0,
-             temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, plausibility: float = 0.0, prefix=None, keep: int = 0):
-    "Sample image token ids `[B, image_len]` for `B` rows of text ids, one PRNG key per row, in one compiled program; the first `keep` tokens are `prefix`'s."
+             temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, plausibility: float = 0.0, prefix=None, keep: int = 0,
+             cache: str | None = None, stages: int | None = None):
+    "Sample image token ids `[B, image_len]` for `B` rows of text ids, one PRNG key per row, in one compiled program; the first `keep` tokens are `prefix`'s.\n\n"
+    "`cache`: the BART's self-attention cache, one of `CACHE_DTYPES`; `stages`: how many times it grows\n\n"
+    "(`DEFAULT_LAYOUT` where `None`)."
     text_ids, blank_ids, prefix, traced, static = _checked(model, text_ids, keys, blank_ids, cond_scale, temperature, top_k, top_p,
                                                            plausibility, prefix, keep)
-    return _generate_jit(model, text_ids, blank_ids, keys, prefix, *traced, **static)
+    layout, stages = _layout(model, text_ids, blank_ids, static["guided"], cache, stages)
+    return _generate_jit(model, text_ids, blank_ids, keys, prefix, *traced, **static, **layout, stages=stages)
 
 # %% ../nbs/07_sample.ipynb #074988c2
 def generate_steps(model: DalleBart | DalleTransformer, text_ids, keys, *, every: int, blank_ids=None, cond_scale: float = 1.0,
-                   temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, plausibility: float = 0.0, prefix=None, keep: int = 0):
-    "`generate` in pieces of `every` tokens: yields `(t, ids [B, t])`, the tokens drawn so far, after each piece, ending at `t = image_len`."
+                   temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, plausibility: float = 0.0, prefix=None, keep: int = 0,
+                   cache: str | None = None):
+    "`generate` in pieces of `every` tokens: yields `(t, ids [B, t])`, the tokens drawn so far, after each piece,\n\n"
+    "ending at `t = image_len` (the cache whole-length: one program for every piece)."
     if isinstance(every, bool) or not isinstance(every, (int, np.integer)) or every < 1:
         raise ValueError(f"generate_steps: every must be a positive number of tokens, got {every!r}")
     text_ids, blank_ids, prefix, traced, static = _checked(model, text_ids, keys, blank_ids, cond_scale, temperature, top_k, top_p,
                                                            plausibility, prefix, keep)
-    state, n, drawn = _start_jit(model, text_ids, blank_ids, guided=static["guided"]), model.cfg.image_len, []
+    layout, _ = _layout(model, text_ids, blank_ids, static["guided"], cache)
+    state, n, drawn = _start_jit(model, text_ids, blank_ids, guided=static["guided"], **layout), model.cfg.image_len, []
     for t0 in range(0, n, every):
         state, toks = _steps_jit(model, state, jnp.arange(t0, min(t0 + every, n), dtype=jnp.int32), keys, prefix, *traced, **static)
         drawn.append(np.asarray(toks))
         yield t0 + drawn[-1].shape[1], np.concatenate(drawn, axis=1)
 
 # %% ../nbs/07_sample.ipynb #2211712b
-def state_bytes(model: DalleBart | DalleTransformer, rows: int, guided: bool = True) -> int:
-    "Bytes of the decode loop's state for `rows` images: KV cache and the caption's keys/values (both halves when guided)."
+def state_bytes(model: DalleBart | DalleTransformer, rows: int, guided: bool = True, cache: str | None = None,
+                runs: int = 1) -> int:
+    "Bytes of the decode loop's state for `rows` images: KV cache (in `cache`, default this backend's) and the\n\n"
+    "captions' keys/values (both halves when guided; one per run of `runs` rows, default 1: each row its own)."
     S = model.cfg.max_text_len if isinstance(model, DalleBart) else model.cfg.text_len
     text = jax.ShapeDtypeStruct((rows, S), jnp.int32)
-    state = jax.eval_shape(lambda t, b: _start(model, t, b, guided), text, text)
+    cache = cache or default_layout()["cache"]
+    state = jax.eval_shape(lambda t, b: _start(model, t, b, guided, runs, cache), text, text)
     return int(sum(np.prod(x.shape) * x.dtype.itemsize for x in jax.tree.leaves(state)))

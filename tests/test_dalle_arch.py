@@ -151,3 +151,37 @@ def test_the_shipped_paper_model_generates_from_the_cli(tmp_path):
     assert r.returncode == 0, r.stderr
     pngs = list((tmp_path / "o").glob("a-red-circle_seed0_*.png"))
     assert len(pngs) == 1 and np.asarray(Image.open(pngs[0])).shape == (64, 64, 3)
+
+
+def test_decode_layouts_draw_todays_greedy_tokens():
+    "Greedy tokens with the float32 cache grown in stages, and the captions' cross keys/values shared by their rows,\n"
+    "are exactly those of the plain layout (one stage, every row its own caption)."
+    from dalle_nb.bart import DalleBart
+    from dalle_nb.config import BartConfig
+    from dalle_nb.sample import _checked, _generate_jit, generate, row_keys
+    cfg = BartConfig(text_vocab=64, image_codes=32, image_vocab=34, max_text_len=8, image_len=64, d_model=32,
+                     encoder_layers=2, decoder_layers=2, heads=4, glu_dim=48, init_std=0.3, scan_layers=False)
+    model = DalleBart(cfg, rngs=nnx.Rngs(0))
+    text = np.ones((4, 8), np.int32)
+    text[:, 0], text[:3, 1:4], text[3, 1:3], text[:, 5] = 0, [9, 17, 30], [40, 41], 2
+    blank = np.ones_like(text); blank[:, 0], blank[:, 1] = 0, 2
+    rows = text[[0, 1, 3, 3]]                                        # runs of 2: two captions, two rows each
+    _, _, prefix, traced, static = _checked(model, rows, row_keys(0, 4), blank, 4.0, 1.0, 1, 1.0, 0.0, None, 0)
+    plain = np.asarray(_generate_jit(model, rows, blank, row_keys(0, 4), prefix, *traced, **static,
+                                     runs=1, cache="float32", stages=1))
+    staged = np.asarray(generate(model, rows, row_keys(0, 4), blank_ids=blank, cond_scale=4.0, top_k=1,
+                                 cache="float32", stages=4))
+    assert len(np.unique(plain[:, 8:], axis=0)) > 1                 # the captions draw different images
+    assert (staged == plain).all(), (staged != plain).sum()
+
+
+def test_cache_choice_is_recorded_and_redrawn(tmp_path):
+    "`generate --cache int8` draws with the 8-bit decode cache, records it in each PNG, and `--from` draws with it again."
+    code, out, err = main_in_process("generate", "a blue triangle", "--n", "2", "--rerank", "0", "--cache", "int8",
+                                     "--out", str(tmp_path / "c"), "--quiet")
+    assert code == 0, err
+    name = sorted(p.name for p in (tmp_path / "c").iterdir() if p.name != "grid.png")[0]
+    import json
+    assert json.loads(Image.open(tmp_path / "c" / name).text["dalle_nb"])["settings"]["cache"] == "int8"
+    code, out, err = main_in_process("generate", "--from", str(tmp_path / "c" / name), "--out", str(tmp_path / "again"))
+    assert code == 0 and "the same tokens as recorded" in out, (out, err)
