@@ -515,7 +515,7 @@ def _add_generate(sub):
                         "converted on first use (dalle-nb models lists them; default: the shipped shapes model)")
     g.add_argument("--negative", default=None, metavar="TEXT",
                    help="negative prompt: what not to draw (the caption super conditioning steers away from; "
-                        "needs --cond-scale other than 1)")
+                        "needs --cond-scale other than 1; default: none, the empty caption)")
     g.add_argument("--image-prompt", default=None, metavar="PNG",
                    help="complete this image: keep the top --keep-rows token rows, draw the rest (default: none)")
     g.add_argument("--keep-rows", type=int, default=None, metavar="K",

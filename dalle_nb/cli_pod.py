@@ -229,14 +229,23 @@ def add_gpu_commands(sub, usage_error=ValueError):
     for name, what in (("fit", "the sampling program"), ("train", "the BART train step")):
         p = gs.add_parser(name, help=f"compile {what} for a card; exit 1 if it does not fit")
         p.add_argument("--gpu", default="h100", help="a shipped card (dalle-nb gpu list) or a .textproto file")
-        p.add_argument("--preset", default="mega"); p.add_argument("--set", action="append", default=[])
-        p.add_argument("--json", default=None, help="also write the report as JSON here")
+        p.add_argument("--preset", default="mega", help="the configuration whose program is compiled")
+        p.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE",
+                       help="override a config field (repeatable; default: none)")
+        p.add_argument("--json", default=None, help="also write the report as JSON here (default: none)")
     fit, train = gs.choices["fit"], gs.choices["train"]
-    fit.add_argument("--images", type=int, default=9); fit.add_argument("--quantize", choices=("none", "bfloat16", "int8"), default="bfloat16")
-    train.add_argument("--devices", type=int, default=1); train.add_argument("--mesh", default="dp=-1")
-    train.add_argument("--per-replica", type=int, default=None); train.add_argument("--accum", type=int, default=1)
-    train.add_argument("--remat", choices=REMATS, default="full"); train.add_argument("--optimizer", default=None)
-    train.add_argument("--dtype", default=None); train.add_argument("--param-dtype", default=None)
+    fit.add_argument("--images", type=int, default=9, help="images drawn at once (super conditioning doubles the rows)")
+    fit.add_argument("--quantize", choices=("none", "bfloat16", "int8"), default="bfloat16",
+                     help="the transformer's kernels as served")
+    train.add_argument("--devices", type=int, default=1, help="GPUs of this card in one node")
+    train.add_argument("--mesh", default="dp=-1", help="device layout, e.g. fsdp=8 or dp=2,mp=4")
+    train.add_argument("--per-replica", type=int, default=None,
+                       help="samples per model replica per accumulation step (default: bart_train.batch_size)")
+    train.add_argument("--accum", type=int, default=1, help="gradient accumulation steps")
+    train.add_argument("--remat", choices=REMATS, default="full", help="what the backward pass recomputes")
+    train.add_argument("--optimizer", default=None, help="adam, adafactor or shampoo (default: the preset's)")
+    train.add_argument("--dtype", default=None, help="activations' dtype (default: the preset's)")
+    train.add_argument("--param-dtype", default=None, help="parameters' dtype (default: the preset's)")
     def run(a):
         try: return _cmd_gpu(a)
         except ValueError as e: raise usage_error(str(e)) from None

@@ -100,6 +100,7 @@ def _work(ui):
         _show(ui, r.images, [f"#{i} clip {s:.2f}" for i, s in zip(r.indices, r.scores)] if r.scores is not None else [f"#{i}" for i in r.indices])
         extra = (f", image prompt: top {r.settings['keep_rows']} rows kept" if image is not None else "") + \
                 (f", negative: {r.settings['negative']!r}" if r.settings.get("negative") else "") + \
+                (f", {r.repeats} repeated a better one pixel for pixel" if r.repeats else "") + \
                 (" (stopped)" if ui.stopping.is_set() else "")
         ui.status.value, ui.result = f"{len(r.images)} image(s) in {time.perf_counter() - t0:.1f}s{extra}", r
     finally: ui.generate.disabled, ui.stop.disabled = False, True

@@ -245,7 +245,8 @@ def test_widget_in_browser(lab, browser, tmp_path):
         imgs = page.evaluate(IMAGES_JS)
         loaded = [i for i in imgs if i["complete"] and i["natural"] > 0]
         assert len(loaded) == n, why(f"{label}: the status says {n} image(s) but {len(loaded)} of the grid's {len(imgs)} <img> have loaded: {imgs}")
-        assert n == 4, why(f"{label}: asked for 4 images (n=4, keep=4), got {n}")
+        assert n == 4 or (0 < n < 4 and "repeated a better one" in status), \
+            why(f"{label}: asked for 4 images (n=4, keep=4), got {n} and the status does not say why")
         assert all(i["w"] > 0 and i["h"] > 0 for i in loaded), why(f"{label}: an <img> has an empty bounding box: {imgs}")
         assert all("dalle-image" in i["cls"].split() for i in imgs), why(f"{label}: every grid <img> should have the class dalle-image: {imgs}")
 
