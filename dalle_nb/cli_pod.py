@@ -7,6 +7,7 @@ Docs: https://dalle-nb.github.io/dalle_nb/cli_pod.html.md"""
 # %% ../nbs/11a_cli_pod.ipynb #82dd2a4e
 from __future__ import annotations
 from pathlib import Path
+from .images import atomic_path
 
 # %% auto #0
 __all__ = ['add_pod_commands', 'add_gpu_commands']
@@ -216,7 +217,7 @@ def _cmd_gpu(a) -> int:
     print(rep.table())
     if a.json:
         out = Path(a.json); out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = out.with_name(out.name + ".tmp"); tmp.write_text(json.dumps(rep.to_json(), indent=1)); os.replace(tmp, out)
+        with atomic_path(out) as tmp: tmp.write_text(json.dumps(rep.to_json(), indent=1))
     return 0 if rep.fits else 1
 
 # %% ../nbs/11a_cli_pod.ipynb #5db5f837

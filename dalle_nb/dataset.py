@@ -19,7 +19,7 @@ import pyarrow as pa, pyarrow.parquet as pq, pyarrow.compute as pc
 from PIL import Image
 from tqdm.auto import tqdm
 from fastcore.basics import patch_to
-from .images import center_crop_resize
+from .images import atomic_path, center_crop_resize, remove_stale_temps
 from .text import TextEncoder
 from .clip import clip_scores
 from .modeldir import Models
@@ -261,9 +261,8 @@ def _model_info(models: Models) -> dict:
             "n_embed": v.n_embed, "image_len": v.n_tokens}
 
 def _write_json_atomic(path: Path, obj):
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w") as f: json.dump(obj, f, indent=1); f.flush(); os.fsync(f.fileno())
-    os.replace(tmp, path)
+    with atomic_path(path) as tmp:
+        with open(tmp, "w") as f: json.dump(obj, f, indent=1); f.flush(); os.fsync(f.fileno())
 
 def _prepare(pair: Pair, size: int):
     "Decode one record on a worker thread: `(pair, image or None, skip reason or None, detail)`."
@@ -355,7 +354,8 @@ def encode_to_shards(source, out, models: Models, batch_size: int = 64, shard_si
     n = len(src)
     if n == 0: raise EncodeError(f"{', '.join(src.describe()['paths'])}: no image–caption records found")
     out.mkdir(parents=True, exist_ok=True)
-    for stale in out.glob("*.tmp"): stale.unlink()                            # a shard or manifest cut short by a crash
+    remove_stale_temps(out)                                                  # a shard or manifest cut short by a crash,
+    for stale in out.glob("[!.]*.tmp"): stale.unlink()                       # and by a crash of an older version
     job, code_type = _job(src, models, shard_size, clip_score)
     man = _open_manifest(out, job)
     n_shards, done = math.ceil(n / shard_size), {s["index"] for s in man["shards"]}
@@ -373,8 +373,8 @@ def encode_to_shards(source, out, models: Models, batch_size: int = 64, shard_si
             a, b = k * shard_size, min(n, (k + 1) * shard_size)
             rows, skipped, errors = _encode_range(src, a, b, enc, pool, bar, clip_score)
             name = f"part-{k:05d}.parquet"
-            pq.write_table(_shard_table(rows, enc.n_tokens, code_type), out / (name + ".tmp"), compression="zstd")
-            os.replace(out / (name + ".tmp"), out / name)
+            with atomic_path(out / name) as tmp: pq.write_table(_shard_table(rows, enc.n_tokens, code_type), tmp,
+                                                                compression="zstd")
             man["shards"].append({"index": k, "file": name, "records": [a, b], "rows": len(rows["key"]), "skipped": skipped, "errors": errors})
             _summarise(out, man, src, len(man["shards"]) == n_shards)
             bar.set_postfix(shards=f"{len(man['shards'])}/{n_shards}", skipped=sum(man["skipped"].values()))

@@ -19,7 +19,7 @@ from .sharding import mesh_from_spec, sharded_init
 from .optim import make_optimizer
 from .data import Batches, blank_captions, encode_images
 from .text import TextEncoder
-from .images import to_float, to_uint8
+from .images import atomic_path, to_float, to_uint8
 from .shapes import HELD_OUT, corrupt_caption
 from .factored import make_vqgan
 from .vqgan import vqgan_loss, decoder_loss, init_codebook, restart_dead_codes, psnr
@@ -145,8 +145,7 @@ def encode_dataset(tokenizer, images, cache=None, progress: bool = True) -> np.n
                         progress=progress)
     if cache is not None:
         Path(cache).parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(cache).with_suffix(".tmp.npy")
-        np.save(tmp, ids); tmp.replace(cache)          # a reader never sees half a file
+        with atomic_path(cache) as tmp, open(tmp, "wb") as f: np.save(f, ids)   # a reader never sees half a file
     return ids
 
 # %% ../nbs/15a_stages.ipynb #a51588c8

@@ -12,6 +12,7 @@ import numpy as np
 import jax, jax.numpy as jnp, msgpack
 from flax import nnx, serialization, traverse_util
 from .layers import Linear
+from .images import atomic_path
 
 # %% auto #0
 __all__ = ['WeightsError', 'save_params', 'unstack_layers', 'stack_layers', 'read_params', 'check_params', 'load_params']
@@ -43,9 +44,9 @@ def save_params(module, path, dtype=None) -> Path:
     flat = {k: np.swapaxes(v, -1, -2) if k in served else v for k, v in flat.items()}
     if dtype is not None: flat = {k: v.astype(dtype) if jnp.issubdtype(v.dtype,
                                                                        jnp.floating) else v for k, v in flat.items()}
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_bytes(serialization.msgpack_serialize(traverse_util.unflatten_dict({tuple(k.split("/")): v for k, v in flat.items()})))
-    tmp.replace(path)   # never leave a half-written file under the real name
+    with atomic_path(path) as tmp:   # never a half-written file under the real name; a temporary name of its own
+        tmp.write_bytes(serialization.msgpack_serialize(traverse_util.unflatten_dict({tuple(k.split("/")): v
+                                                                                     for k, v in flat.items()})))
     return path
 
 # %% ../nbs/04a_weights.ipynb #970e2a4f
