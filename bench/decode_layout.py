@@ -13,13 +13,17 @@ dtype and cache length, and prints the bytes XLA's cost analysis says the compil
 must read (its kernels, the cache of that length, the distinct captions' keys/values), and the step's fastest time of
 `max(--repeats, 20)` calls (the fastest: robust to other work on the machine).
 """
-import argparse, json, statistics, sys, time
+import argparse, json, statistics, time
 from dataclasses import replace
 from datetime import date
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).parent))
-from generate import bart_config, SETTINGS, peak_rss_gb  # noqa: E402
+SETTINGS = dict(cond_scale=10.0, top_k=256, temperature=1.0)     # bench/generate.py's sampling settings
+
+
+def peak_rss_gb() -> float:
+    import resource
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2 ** 20
 
 
 def step_bytes(model, rows: int, lengths=(32, 256), repeats: int = 20) -> list[dict]:
@@ -62,7 +66,7 @@ def step_bytes(model, rows: int, lengths=(32, 256), repeats: int = 20) -> list[d
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--width", default="mini"); p.add_argument("--images", type=int, default=4)
+    p.add_argument("--width", default="mini", choices=("mini", "mega")); p.add_argument("--images", type=int, default=4)
     p.add_argument("--repeats", type=int, default=1); p.add_argument("--quantize", default="none")
     p.add_argument("--layouts", default="float32:1,float32:8,bfloat16:1,bfloat16:8,int8:8",
                    help="cache:stages pairs, comma separated")
@@ -75,7 +79,8 @@ def main(argv=None):
     from dalle_nb.bart import DalleBart
     from dalle_nb.layers import serve_all
     from dalle_nb.sample import generate, row_keys
-    cfg = replace(bart_config(a.width), scan_layers=False)
+    from dalle_nb.config import get_config
+    cfg = replace(get_config(a.width).bart, scan_layers=False)     # DALL·E Mini's or Mega's published sizes
     if a.layers: cfg = replace(cfg, encoder_layers=a.layers, decoder_layers=a.layers)
     model = serve_all(DalleBart(cfg, rngs=nnx.Rngs(0)), None if a.quantize == "none" else a.quantize)
     text = np.ones((a.images, cfg.max_text_len), np.int32)

@@ -236,16 +236,17 @@ def sampling_program(cfg, images: int, quantize: str | None = "bfloat16"):
     from flax import nnx
     from dalle_nb.bart import DalleBart
     from dalle_nb.layers import serve_all
-    from dalle_nb.sample import generate
+    from dalle_nb.sample import DEFAULT_LAYOUT, generate
     if cfg.arch != "bart": raise GpuError(f"the GPU compile covers the BART (arch 'bart'), not {cfg.arch!r}")
     if images < 1: raise GpuError(f"images must be >= 1, got {images}")
     bart, sc = dataclasses.replace(cfg.bart, scan_layers=False), cfg.sample
     graphdef, state = nnx.split(nnx.eval_shape(lambda: serve_all(DalleBart(bart, rngs=nnx.Rngs(0)), quantize)))
     text = jax.ShapeDtypeStruct((images, bart.max_text_len), jnp.int32)
     keys = jax.ShapeDtypeStruct((images,), jax.random.key(0).dtype)
-    def draw(state, text_ids, blank_ids, keys):
+    def draw(state, text_ids, blank_ids, keys):                    # one caption: its rows share the cross K/V
         return generate(nnx.merge(graphdef, state), text_ids, keys, blank_ids=blank_ids, cond_scale=sc.cond_scale,
-                        temperature=sc.temperature, top_k=sc.top_k, top_p=sc.top_p, plausibility=sc.plausibility)
+                        temperature=sc.temperature, top_k=sc.top_k, top_p=sc.top_p, plausibility=sc.plausibility,
+                        runs=images, **DEFAULT_LAYOUT["accelerator"])
     return draw, (state, text, text, keys), images * (2 if sc.cond_scale != 1 else 1)
 
 # %% ../nbs/16b_gpu.ipynb #dc0e5c5f

@@ -182,8 +182,9 @@ def default_layout() -> dict:
     "This backend's `DEFAULT_LAYOUT`: `dict(cache, stages)`."
     return DEFAULT_LAYOUT["cpu" if jax.default_backend() == "cpu" else "accelerator"]
 
-def _layout(model, text_ids, blank_ids, guided: bool, cache=None, stages=None) -> tuple[dict, int]:
-    "The cache's static layout `(dict(runs, cache), stages)` for these rows: this backend's defaults where `None`."
+def _layout(model, text_ids, blank_ids, guided: bool, cache=None, stages=None, runs=None) -> tuple[dict, int]:
+    "The cache's static layout `(dict(runs, cache), stages)` for these rows: this backend's defaults where `None`;\n\n"
+    "`runs` (rows per caption) found from the ids where `None`, which must then be concrete (not traced)."
     default = default_layout()
     cache, stages = cache or default["cache"], default["stages"] if stages is None else stages
     if cache not in CACHE_DTYPES:
@@ -192,19 +193,21 @@ def _layout(model, text_ids, blank_ids, guided: bool, cache=None, stages=None) -
     if isinstance(stages, bool) or not isinstance(stages, (int, np.integer)) or not 1 <= stages <= n:
         raise ValueError(f"generate: stages must be a whole number from 1 to image_len={n}, got {stages!r}")
     if not isinstance(model, DalleBart): return dict(runs=1, cache=cache), 1
-    runs = caption_runs(text_ids, blank_ids) if guided else caption_runs(text_ids)
-    return dict(runs=runs, cache=cache), int(stages)
+    if runs is None: runs = caption_runs(text_ids, blank_ids) if guided else caption_runs(text_ids)
+    elif isinstance(runs, bool) or not isinstance(runs, (int, np.integer)) or runs < 1 or len(text_ids) % runs:
+        raise ValueError(f"generate: runs must be a whole number dividing the {len(text_ids)} rows, got {runs!r}")
+    return dict(runs=int(runs), cache=cache), int(stages)
 
 # %% ../nbs/07_sample.ipynb #0271727d
 def generate(model: DalleBart | DalleTransformer, text_ids, keys, *, blank_ids=None, cond_scale: float = 1.0,
              temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, plausibility: float = 0.0, prefix=None, keep: int = 0,
-             cache: str | None = None, stages: int | None = None):
+             cache: str | None = None, stages: int | None = None, runs: int | None = None):
     "Sample image token ids `[B, image_len]` for `B` rows of text ids, one PRNG key per row, in one compiled program; the first `keep` tokens are `prefix`'s.\n\n"
     "`cache`: the BART's self-attention cache, one of `CACHE_DTYPES`; `stages`: how many times it grows\n\n"
-    "(`DEFAULT_LAYOUT` where `None`)."
+    "(`DEFAULT_LAYOUT` where `None`); `runs`: rows per caption (found from the ids where `None`; give it to trace them)."
     text_ids, blank_ids, prefix, traced, static = _checked(model, text_ids, keys, blank_ids, cond_scale, temperature, top_k, top_p,
                                                            plausibility, prefix, keep)
-    layout, stages = _layout(model, text_ids, blank_ids, static["guided"], cache, stages)
+    layout, stages = _layout(model, text_ids, blank_ids, static["guided"], cache, stages, runs)
     return _generate_jit(model, text_ids, blank_ids, keys, prefix, *traced, **static, **layout, stages=stages)
 
 # %% ../nbs/07_sample.ipynb #074988c2

@@ -47,10 +47,11 @@ def stubbed(tmp_path_factory):
     mp.setattr(pipeline, "serving_models", lambda m, quantize=None: models)
     seen = []
     def stream(self, prompts, n=None, rerank=None, cond_scale=None, seed=0, temperature=None, top_k=None, top_p=None,
-               plausibility=None, image_prompt=None, keep_rows=None, every=None, indices=None, pad_to=None):
+               plausibility=None, image_prompt=None, keep_rows=None, every=None, indices=None, pad_to=None, negative=None):
         prompts = [prompts] if isinstance(prompts, str) else list(prompts)
         s = self.settings(n, rerank, cond_scale, seed, temperature, top_k, top_p, plausibility)   # the real checks
         self.image_prompt(image_prompt, keep_rows)
+        self.encode_negative(negative, s["cond_scale"])
         seen.append(s)
         idx = np.arange(min(s["n"], 2)) if indices is None else np.asarray(indices)
         res = self.cfg.tokenizer_cfg.resolution
@@ -259,7 +260,7 @@ def test_two_runs_into_one_folder(tmp_path):
     results = [(p.wait(600), *p.communicate()) for p in procs]
     assert all(code == 0 for code, _, _ in results), [err[-2000:] for _, _, err in results]
     names = pngs_whole(out)
-    listed = [o.split("best first: ")[1].split("\n")[0].split() for _, o, _ in results]
+    listed = [o.split("in candidate order: ")[1].split("\n")[0].split() for _, o, _ in results]   # --rerank 0
     assert sorted(sum(listed, [])) + ["grid-2.png", "grid.png"] == names, (listed, names)
     for files in listed:                                  # each run's files carry its own settings
         assert len({json.loads(Image.open(out / f).text["dalle_nb"])["settings"]["n"] for f in files}) == 1
