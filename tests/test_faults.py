@@ -293,16 +293,20 @@ def test_generate_killed_at_random_then_rerun(tmp_path):
         shutil.rmtree(tmp_path / "o")
 
 
-def test_encode_killed_at_random_then_rerun(tmp_path):
-    "SIGKILL anywhere in `encode`; the same command again has every record exactly once."
-    import pyarrow.parquet as pq
+def _encode_args(tmp_path, n: int, seed: int) -> list:
+    "`dalle-nb encode` over a folder of `n` captioned shapes pictures written under `tmp_path`, in shards of 8."
     from dalle_nb.shapes import make_split
-    imgs, caps = make_split("val", 40, seed=3)
+    imgs, caps = make_split("val", n, seed=seed)
     src = tmp_path / "pics"; src.mkdir()
     for i, (im, c) in enumerate(zip(imgs, caps)):
         save_png(im, src / f"{i:03d}.png"); (src / f"{i:03d}.txt").write_text(c)
-    args = [EXE, "encode", str(src), "--out", str(tmp_path / "tok"), "--shard-size", "8", "--batch-size", "8",
-            "--quiet"]
+    return [EXE, "encode", str(src), "--out", str(tmp_path / "tok"), "--shard-size", "8", "--batch-size", "8", "--quiet"]
+
+
+def test_encode_killed_at_random_then_rerun(tmp_path):
+    "SIGKILL anywhere in `encode`; the same command again has every record exactly once."
+    import pyarrow.parquet as pq
+    args = _encode_args(tmp_path, 40, seed=3)
     env, rng = one_device_env(DALLE_NB_CACHE=cli_cache(tmp_path)), random.Random(7)
     for trial in range(2):
         code = kill_at_random(args, tmp_path, env, rng, 2.0, 10.0)
@@ -351,13 +355,7 @@ def test_a_full_disk_during_a_checkpoint_is_one_error_and_no_partial_checkpoint(
 
 def test_ctrl_c_in_encode_is_one_line_and_resumes(tmp_path):
     "Item 6: SIGINT during `encode` gave a KeyboardInterrupt traceback; now one line, exit 130, and a re-run finishes."
-    from dalle_nb.shapes import make_split
-    imgs, caps = make_split("val", 48, seed=5)
-    src = tmp_path / "pics"; src.mkdir()
-    for i, (im, c) in enumerate(zip(imgs, caps)):
-        save_png(im, src / f"{i:03d}.png"); (src / f"{i:03d}.txt").write_text(c)
-    args = [EXE, "encode", str(src), "--out", str(tmp_path / "tok"), "--shard-size", "8", "--batch-size", "8",
-            "--quiet"]
+    args = _encode_args(tmp_path, 48, seed=5)
     env = one_device_env(DALLE_NB_CACHE=cli_cache(tmp_path))
     p = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path, env=env)
     while not (tmp_path / "tok" / "manifest.json").exists() and p.poll() is None: time.sleep(0.05)   # it has begun
