@@ -13,8 +13,8 @@ from jax.ad_checkpoint import checkpoint_name
 import optax
 from flax import nnx
 from .config import BartConfig
-from .layers import (Linear, Embed, Norm, constrain, dtype_of, quantize_rows, gelu, shapes_only, abstract_module,
-                             count_params)
+from .layers import (Linear, Embed, Norm, constrain, dtype_of, quantize_rows, gelu, shapes_only,
+                             abstract_module, count_params)
 from fastcore.basics import patch
 
 # %% auto #0
@@ -24,8 +24,9 @@ __all__ = ['REMAT_POLICIES', 'CACHE_DTYPES', 'attend', 'Int8KV', 'attend_cached'
 
 # %% ../nbs/06_bart.ipynb #6465c90f
 def attend(q, k, v, mask, impl: str = "einsum"):
-    "Softmax attention: q `[B,Tq,H,D]`, k/v `[B,Tk,H,D]`, boolean mask broadcastable to `[B,H,Tq,Tk]`.\n\n"
-    "`impl='fused'`: `jax.nn.dot_product_attention` (cuDNN's fused kernel on GPUs where it takes the mask, XLA elsewhere)."
+    ("Softmax attention: q `[B,Tq,H,D]`, k/v `[B,Tk,H,D]`, boolean mask broadcastable to `[B,H,Tq,Tk]`.\n\n"
+     "`impl='fused'`: `jax.nn.dot_product_attention` (cuDNN's fused kernel on GPUs where it takes the mask, XLA "
+     "elsewhere).")
     if impl == "fused": return jax.nn.dot_product_attention(q, k, v, mask=jnp.asarray(mask, bool))
     scores = jnp.einsum("bqhd,bkhd->bhqk", q, k, preferred_element_type=jnp.float32) / math.sqrt(q.shape[-1])
     scores = jnp.where(mask, scores, jnp.finfo(jnp.float32).min)
@@ -42,9 +43,9 @@ def _readable(c, dtype):
     return (c.q.astype(dtype), c.scale) if isinstance(c, Int8KV) else (c, None)
 
 def attend_cached(q, k, v, mask):
-    "`attend` to a decoding cache laid out `[B,H,D,Tk]` (k and v: float32, bfloat16 or `Int8KV`), the layout\n\n"
-    "the dots take as it is, so a step reads each layer's cache once instead of first transposing it (on a CPU\n\n"
-    "that copy cost a third of the step). An 8-bit entry's scales multiply the scores (keys) and the probabilities."
+    ("`attend` to a decoding cache laid out `[B,H,D,Tk]` (k and v: float32, bfloat16 or `Int8KV`), the layout "
+     "the dots take as it is, so a step reads each layer's cache once instead of first transposing it (on a CPU "
+     "that copy cost a third of the step). An 8-bit entry's scales multiply the scores (keys) and the probabilities.")
     (k, ks), (v, vs) = _readable(k, q.dtype), _readable(v, q.dtype)
     scores = jnp.einsum("bqhd,bhdk->bhqk", q.astype(k.dtype), k, preferred_element_type=jnp.float32)
     scores = (scores if ks is None else scores * ks) / math.sqrt(q.shape[-1])
@@ -59,7 +60,8 @@ class Attention(nnx.Module):
     def __init__(self, cfg: BartConfig, *, rngs: nnx.Rngs):
         lin = lambda axes: Linear(cfg.d_model, cfg.d_model, axes=axes, use_bias=cfg.use_bias, std=cfg.init_std,
                                   dtype=cfg.dtype, param_dtype=cfg.param_dtype, rngs=rngs)
-        self.q_proj, self.k_proj, self.v_proj = lin(("embed", "heads")), lin(("embed", "heads")), lin(("embed", "heads"))
+        self.q_proj, self.k_proj, self.v_proj = (lin(("embed", "heads")), lin(("embed", "heads")),
+                                                 lin(("embed", "heads")))
         self.out_proj = lin(("heads", "embed"))
         self.heads, self.impl = cfg.heads, cfg.attention
 
@@ -72,7 +74,8 @@ class Attention(nnx.Module):
         return self.split(self.k_proj(x)), self.split(self.v_proj(x))
 
     def __call__(self, x, k, v, mask, cached: bool = False):
-        "Attend from `x` to precomputed keys/values `k, v` (`[B,T,H,D]`, or a decoding cache's `[B,H,D,T]` when `cached`)."
+        ("Attend from `x` to precomputed keys/values `k, v` (`[B,T,H,D]`, or a decoding cache's `[B,H,D,T]` when "
+         "`cached`).")
         q = self.split(self.q_proj(x))
         out = attend_cached(q, k, v, mask) if cached else attend(q, k, v, mask, self.impl)
         return self.out_proj(out.reshape(*out.shape[:2], -1))
@@ -104,8 +107,9 @@ def _pre(cfg, rngs): return _norm(cfg, rngs) if cfg.ln_positions in ("normformer
 def _post(cfg, rngs): return _norm(cfg, rngs) if cfg.ln_positions in ("normformer", "postln") else None
 
 def _residual(x, f, pre, post, postln: bool):
-    "One sub-layer with the norm placement of `pre`/`post` (post applied after the add when `postln`).\n\n"
-    "Its output is named `sublayer_out`: with model parallelism it is what an all-reduce made (`remat=\"outputs\"` keeps it)."
+    ("One sub-layer with the norm placement of `pre`/`post` (post applied after the add when `postln`).\n\n"
+     "Its output is named `sublayer_out`: with model parallelism it is what an all-reduce made (`remat=\"outputs\"` "
+     "keeps it).")
     h = checkpoint_name(f(pre(x) if pre is not None else x), "sublayer_out")
     if postln: return post(x + h)
     return x + (post(h) if post is not None else h)
@@ -141,8 +145,9 @@ class DecoderLayer(nnx.Module):
         self.postln = cfg.ln_positions == "postln"
 
     def _finish(self, x, cross_k, cross_v, text_mask, cached: bool = False):
-        "Cross-attention and GLU blocks (shared by the full and the cached path). Cached, the `G` captions'\n\n"
-        "keys/values `[G, H, D, S]` serve `B = G × r` rows in `G` runs of `r`: a run's rows are its caption's queries."
+        ("Cross-attention and GLU blocks (shared by the full and the cached path). Cached, the `G` captions' "
+         "keys/values `[G, H, D, S]` serve `B = G × r` rows in `G` runs of `r`: a run's rows are its caption's "
+         "queries.")
         def cross(h):
             G, (B, T, d) = cross_k.shape[0], h.shape
             if not cached or G == B: return self.encoder_attn(h, cross_k, cross_v, text_mask, cached)
@@ -170,10 +175,11 @@ def _write(c, new, at):
 
 @patch
 def step(self: DecoderLayer, x, pos, text_mask, k_c, v_c, layer, cross_k, cross_v):
-    "One new position `pos` (`x` is `[B, 1, d]`): write its key/value into the cache, attend to positions ≤ pos.\n\n"
-    "The caches are this layer's `[B, heads, head_dim, T]` (`layer=None`) or row `layer` of whole-depth ones\n\n"
-    "`[L, B, heads, head_dim, T]`; either way written in place (only the new column moves). `T` may be any length\n\n"
-    "> pos: the step reads all `T` positions, so a cache grown in stages (`Decoder.grow_cache`) reads only its stage's."
+    ("One new position `pos` (`x` is `[B, 1, d]`): write its key/value into the cache, attend to positions ≤ pos.\n\n"
+     "The caches are this layer's `[B, heads, head_dim, T]` (`layer=None`) or row `layer` of whole-depth ones "
+     "`[L, B, heads, head_dim, T]`; either way written in place (only the new column moves). `T` may be any length "
+     "> pos: the step reads all `T` positions, so a cache grown in stages (`Decoder.grow_cache`) reads only its "
+     "stage's.")
     mine = (lambda c: c) if layer is None else (lambda c: jax.tree.map(lambda a: a[layer], c))
     def attn(h):
         k, v = (a.transpose(0, 2, 3, 1) for a in self.self_attn.kv(h))           # [B, H, D, 1]
@@ -187,13 +193,15 @@ def step(self: DecoderLayer, x, pos, text_mask, k_c, v_c, layer, cross_k, cross_
 
 # %% ../nbs/06_bart.ipynb #12821b56
 REMAT_POLICIES = {"full": None,                                     # keep nothing: recompute the whole layer
-                  "outputs": jax.checkpoint_policies.save_only_these_names("sublayer_out"),   # keep each sub-layer's output
+                  # keep each sub-layer's output
+                  "outputs": jax.checkpoint_policies.save_only_these_names("sublayer_out"),
                   "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable}   # keep every projection's output
 
 class LayerStack(nnx.Module):
     "`n` layers made by `make(rngs)`, stored stacked (scanned) or as a list, applied in sequence."
     def __init__(self, make, n: int, *, scan: bool, remat: str = "none", rngs: nnx.Rngs):
-        if remat != "none" and remat not in REMAT_POLICIES: raise ValueError(f"remat must be 'none' or one of {sorted(REMAT_POLICIES)}, got {remat!r}")
+        if remat != "none" and remat not in REMAT_POLICIES:
+            raise ValueError(f"remat must be 'none' or one of {sorted(REMAT_POLICIES)}, got {remat!r}")
         self.n, self.scan, self.remat = n, scan, remat
         if scan:
             @nnx.split_rngs(splits=n)
@@ -222,9 +230,10 @@ class LayerStack(nnx.Module):
 # %% ../nbs/06_bart.ipynb #60b3e94e
 @patch
 def carry(self: LayerStack, x, carried: tuple, *args, xs=(), method: str = "step"):
-    "`method(x, *args, *carried, i, *xs[i]) -> (x, *carried)` through every layer `i`, updating `carried` in place.\n\n"
-    "Scanned: `carried` are whole-depth arrays (the KV caches) that each layer writes its row of; as a list: tuples\n\n"
-    "of per-layer arrays, `method` called with `i=None` on layer i's own (no slicing: a slice would be a copy)."
+    ("`method(x, *args, *carried, i, *xs[i]) -> (x, *carried)` through every layer `i`, updating `carried` in "
+     "place.\n\n"
+     "Scanned: `carried` are whole-depth arrays (the KV caches) that each layer writes its row of; as a list: tuples "
+     "of per-layer arrays, `method` called with `i=None` on layer i's own (no slicing: a slice would be a copy).")
     def run(graphdef, state, x, carried, i, xs_l):
         x, *carried = getattr(nnx.merge(graphdef, state), method)(x, *args, *carried, i, *xs_l)
         return x, tuple(carried)
@@ -307,7 +316,8 @@ class DalleBart(nnx.Module):
         self.cfg = cfg
 
     def __call__(self, text_ids, image_ids):
-        "Logits `[B, image_len, image_vocab + 1]` predicting each of `image_ids` from the text and the tokens before it."
+        ("Logits `[B, image_len, image_vocab + 1]` predicting each of `image_ids` from the text and the tokens before "
+         "it.")
         mask = text_mask(text_ids, self.cfg.pad_id)
         return self.decoder(shift_right(image_ids, self.cfg.bos_id), self.encoder(text_ids), mask)
 
@@ -337,8 +347,8 @@ def _empty(shape, dtype: str):
 @patch
 def init_cache(self: Decoder, enc, text_mask, dtype=None, rows: int | None = None,
                length: int | None = None) -> KVCache:
-    "An empty self-attention cache of `rows` rows (default: one per caption) and `length` positions (default all),\n\n"
-    "in `dtype` (`CACHE_DTYPES`; default the model's), and the cross-attention keys/values of the `G` captions `enc`."
+    ("An empty self-attention cache of `rows` rows (default: one per caption) and `length` positions (default all), "
+     "in `dtype` (`CACHE_DTYPES`; default the model's), and the cross-attention keys/values of the `G` captions `enc`.")
     dtype, rows = jnp.dtype(dtype or self.cfg.dtype).name, rows or enc.shape[0]
     if dtype not in CACHE_DTYPES: raise ValueError(f"cache dtype must be one of {CACHE_DTYPES}, got {dtype!r}")
     if rows % enc.shape[0]: raise ValueError(f"init_cache: {rows} rows do not split into {enc.shape[0]} captions' runs")

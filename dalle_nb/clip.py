@@ -213,7 +213,8 @@ def _prompt_scores(model: CLIP, images, ids) -> jax.Array:
 _jit_scores, _jit_prompt_scores = nnx.jit(clip_scores), nnx.jit(_prompt_scores)
 
 def rerank(model: CLIP, images, ids, k: int | None = None):
-    "Indices of `images` sorted by CLIP score for one caption (`[L]` or `[1, L]`), best first (the top `k`), and their scores."
+    ("Indices of `images` sorted by CLIP score for one caption (`[L]` or `[1, L]`), best first (the top `k`), and "
+     "their scores.")
     ids = jnp.asarray(ids)
     if ids.ndim == 1: ids = ids[None]
     if ids.ndim != 2 or ids.shape[0] != 1: raise ValueError("rerank: one caption [L] or [1, L] expected, got "
@@ -223,7 +224,8 @@ def rerank(model: CLIP, images, ids, k: int | None = None):
     return order, s[order]
 
 def batch_rerank(model: CLIP, images, ids, k: int | None = None):
-    "For `P` prompts with `N` candidates each (`images [P, N, H, W, 3]`, `ids [P, L]`): indices `[P, k]` and scores, best first."
+    ("For `P` prompts with `N` candidates each (`images [P, N, H, W, 3]`, `ids [P, L]`): indices `[P, k]` and scores, "
+     "best first.")
     if np.ndim(images) != 5 or len(ids) != len(images):
         raise ValueError(f"batch_rerank: images [P, N, H, W, 3] and ids [P, L] expected, got {np.shape(images)} and "
                          f"{np.shape(ids)}")

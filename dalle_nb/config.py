@@ -12,7 +12,8 @@ from pathlib import Path
 from fastcore.basics import patch
 from .model_configs import (LN_TYPES, LN_POSITIONS, TEXT_NORMALIZERS, RECON_LOSSES, ATTN_KINDS, VQGANConfig,
                                     BartConfig,
-                                    CLIPConfig, DVAEConfig, DalleConfig, F16_VQGAN, CLIP_VIT_B32, PAPER_DVAE)   # 00a: one config per model
+                                    # 00a: one config per model
+                                    CLIPConfig, DVAEConfig, DalleConfig, F16_VQGAN, CLIP_VIT_B32, PAPER_DVAE)
 
 # %% auto #0
 __all__ = ['ARCHS', 'IMAGE_TOKENIZERS', 'PRESETS', 'MICRO_SIZES', 'parse_mesh', 'DataConfig', 'StageConfig', 'SampleConfig',
@@ -20,7 +21,8 @@ __all__ = ['ARCHS', 'IMAGE_TOKENIZERS', 'PRESETS', 'MICRO_SIZES', 'parse_mesh', 
 
 # %% ../nbs/00_config.ipynb #30ccaa3a
 def parse_mesh(spec: str) -> dict:
-    "`'dp=32,mp=8'` → `{'dp': 32, 'fsdp': 1, 'mp': 8}`; unnamed axes are 1, and `dp` is -1 (the rest) unless some axis is."
+    ("`'dp=32,mp=8'` → `{'dp': 32, 'fsdp': 1, 'mp': 8}`; unnamed axes are 1, and `dp` is -1 (the rest) unless some "
+     "axis is.")
     sizes = {}
     for part in (p.strip() for p in (spec or "").split(",") if p.strip()):
         m = re.fullmatch(r"(dp|fsdp|mp)\s*=\s*(-1|\d+)", part)
@@ -233,7 +235,8 @@ def override(cfg: RunConfig, assignments=()) -> RunConfig:
         *path, last = key.strip().split(".")
         if len(path) > 1: raise ValueError(f"override {a!r}: at most one '.' (section.field)")
         target = getattr(cfg, path[0], None) if path else cfg
-        if not dataclasses.is_dataclass(target): raise ValueError(f"override {a!r}: {path[0]!r} is not a config section")
+        if not dataclasses.is_dataclass(target):
+            raise ValueError(f"override {a!r}: {path[0]!r} is not a config section")
         if last not in {f.name for f in fields(target)}: raise ValueError(f"override {a!r}: {type(target).__name__} "
                                                                           f"has no field {last!r}")
         try: changes.setdefault(path[0] if path else "", {})[last] = _parse_like(getattr(target, last), text.strip())
@@ -291,7 +294,8 @@ def _tiny():
                                ckpt_every=500),
         # scale 2 is the best two-object scale of the shipped model (BENCHMARKS.md)
         sample=SampleConfig(cond_scale=2.0, plausibility=0.05),
-        # the dVAE: squared error with β 0.1 and a usage term instead of the paper's logit-Laplace and β 6.6, which collapse
+        # the dVAE: squared error with β 0.1 and a usage term instead of the paper's logit-Laplace and β 6.6, which
+        # collapse
         # onto a few codes at this size (BENCHMARKS.md, "Image tokenizers"); the paper's recipe is `PAPER_DVAE`'s
         dvae=DVAEConfig(recon="mse", kl_weight=0.1, usage_weight=0.5),
         dvae_train=StageConfig(steps=1500, batch_size=32, lr=2e-3, warmup_steps=100, log_every=50, eval_every=250,
@@ -304,17 +308,19 @@ PRESETS["tiny"] = _tiny
 
 # %% ../nbs/00_config.ipynb #0689332a
 MICRO_SIZES = ("vqgan.ch=8", "vqgan.z_channels=8", "vqgan.embed_dim=8", "vqgan.n_embed=32", "vqgan.norm_groups=4",
-               "bart.image_codes=32", "bart.image_vocab=32", "bart.d_model=32", "bart.encoder_layers=1", "bart.decoder_layers=1",
-               "bart.heads=2", "bart.glu_dim=32",
-               "clip.vision_width=32", "clip.vision_layers=1", "clip.vision_heads=2", "clip.vision_mlp=64", "clip.text_width=32",
-               "clip.text_layers=1", "clip.text_heads=2", "clip.text_mlp=64", "clip.embed_dim=16")
+               "bart.image_codes=32", "bart.image_vocab=32", "bart.d_model=32", "bart.encoder_layers=1",
+               "bart.decoder_layers=1", "bart.heads=2", "bart.glu_dim=32",
+               "clip.vision_width=32", "clip.vision_layers=1", "clip.vision_heads=2", "clip.vision_mlp=64",
+               "clip.text_width=32", "clip.text_layers=1", "clip.text_heads=2", "clip.text_mlp=64", "clip.embed_dim=16")
 
 # %% ../nbs/00_config.ipynb #a541221b
 def _shapes():
-    "The shipped model's recipe: `tiny` with a factored VQGAN (64 outline + 16 colour codes, 128 tokens) and longer stages."
+    ("The shipped model's recipe: `tiny` with a factored VQGAN (64 outline + 16 colour codes, 128 tokens) and longer "
+     "stages.")
     sets = ["vqgan.n_embed=64", "vqgan.color_codes=16", "vqgan.attn_resolutions=", "vqgan.restart_until=400",
             "bart.image_codes=80", "bart.image_vocab=80", "bart.image_len=128", "data.n_train=160000",
-            "decoder_train.steps=4000", "bart_train.steps=3500", "bart_train.extended_from=1500"]   # the BART ran 1500 steps, then resumed to 3500
+            # the BART ran 1500 steps, then resumed to 3500
+            "decoder_train.steps=4000", "bart_train.steps=3500", "bart_train.extended_from=1500"]
     return replace(override(PRESETS["tiny"](), sets), name="shapes")
 
 PRESETS["shapes"] = _shapes
@@ -327,9 +333,10 @@ def _published(name, d, layers, heads, glu, text_vocab, image_vocab):
                       text_normalizer="dalle_mini")
     stage = StageConfig(steps=100_000, batch_size=44, lr=1e-4, warmup_steps=10_000, decay="constant",
                         optimizer="shampoo",
-                        b1=0.9, b2=0.99, grad_accum=3, blank_caption_prob=0.2, log_every=100, eval_every=2000, ckpt_every=2000,
-                        shampoo_block=2048, shampoo_every=10, shampoo_start=101, shampoo_graft="rmsprop_normalized",
-                        shampoo_nesterov=False, shampoo_skip_gt=4096, mesh="dp=-1,mp=8" if name == "mega" else "dp=-1")
+                        b1=0.9, b2=0.99, grad_accum=3, blank_caption_prob=0.2, log_every=100, eval_every=2000,
+                        ckpt_every=2000, shampoo_block=2048, shampoo_every=10, shampoo_start=101,
+                        shampoo_graft="rmsprop_normalized", shampoo_nesterov=False, shampoo_skip_gt=4096,
+                        mesh="dp=-1,mp=8" if name == "mega" else "dp=-1")
     sample = SampleConfig(n_candidates=8, rerank=4, cond_scale=10.0)   # dalle-mini's inference defaults
     return RunConfig(name=name, vqgan=F16_VQGAN, bart=bart, clip=CLIP_VIT_B32, bart_train=stage, sample=sample)
 

@@ -65,7 +65,8 @@ def read_safetensors(path) -> dict:
     from safetensors.numpy import load_file
     path = _exists(path)
     try: return {k: np.asarray(v) for k, v in load_file(str(path)).items()}
-    except Exception as e: raise ConvertError(f"{path}: not a readable safetensors file ({type(e).__name__}: {e})") from None
+    except Exception as e:
+        raise ConvertError(f"{path}: not a readable safetensors file ({type(e).__name__}: {e})") from None
 
 # %% ../nbs/09a_convert.ipynb #c75f678a
 def read_flax(path) -> dict:
@@ -85,7 +86,8 @@ def read_json(path) -> dict:
 
 # %% ../nbs/09a_convert.ipynb #b3e9772a
 def torch_name(key: str) -> str:
-    "PyTorch `state_dict` name of one of our parameter paths (`encoder/layers/layers/0/glu/fc0/kernel` → `encoder.layers.0.glu.fc0.weight`)."
+    ("PyTorch `state_dict` name of one of our parameter paths (`encoder/layers/layers/0/glu/fc0/kernel` → "
+     "`encoder.layers.0.glu.fc0.weight`).")
     parts = key.split("/")
     # LayerStack's inner list
     parts = [p for i, p in enumerate(parts) if not (i and p == "layers" and parts[i - 1] == "layers")]
@@ -115,10 +117,12 @@ def to_torch(key: str, a: np.ndarray) -> np.ndarray:
 # %% ../nbs/09a_convert.ipynb #12a9dc00
 @functools.lru_cache(maxsize=32)
 def _shapes(cls, cfg) -> tuple:
-    return tuple((k, tuple(v.shape)) for k, v in _flat_params(abstract_module(lambda: cls(cfg, rngs=nnx.Rngs(0)))).items())
+    return tuple((k, tuple(v.shape))
+                 for k, v in _flat_params(abstract_module(lambda: cls(cfg, rngs=nnx.Rngs(0)))).items())
 
 def model_shapes(cls, cfg) -> dict:
-    "`{name: shape}` of every parameter of `cls(cfg)`, from an abstract (shape-only) model (cached: configs are frozen)."
+    ("`{name: shape}` of every parameter of `cls(cfg)`, from an abstract (shape-only) model (cached: configs are "
+     "frozen).")
     return dict(_shapes(cls, cfg))
 
 def _bart_layout(cfg: BartConfig, flat: dict) -> dict:
@@ -144,7 +148,8 @@ def build_model(cls, cfg, flat: dict, source):
 
 # %% ../nbs/09a_convert.ipynb #7213ac44
 def random_models(seed: int = 0) -> Models:
-    "`micro_models`' sizes and tokenizer, numpy-random parameters through `build_model` (norm scales one, as in a fresh model)."
+    ("`micro_models`' sizes and tokenizer, numpy-random parameters through `build_model` (norm scales one, as in a "
+     "fresh model).")
     cfg, text = micro_config()
     rng = np.random.default_rng(seed)
     def params(cls, c):
@@ -180,7 +185,8 @@ def to_torch_state(flat: dict, name=torch_name) -> dict:
     return {name(k): np.array(to_torch(k, np.asarray(v, np.float32)), order="C") for k, v in flat.items()}
 
 # %% ../nbs/09a_convert.ipynb #330a5c5a
-_SCALELESS_TORCH = re.compile(r"(pre_self_attn_layer_norm|pre_encoder_attn_layer_norm|glu\.ln0|glu\.ln1|final_ln)\.weight$")
+_SCALELESS_TORCH = re.compile(r"(pre_self_attn_layer_norm|pre_encoder_attn_layer_norm|glu\.ln0|glu\.ln1|final_ln)"
+                              r"\.weight$")
 
 def bart_from_min_dalle(encoder_sd: dict, decoder_sd: dict, cfg: BartConfig,
                         sources=("encoder.pt", "decoder.pt")) -> dict:
@@ -197,17 +203,20 @@ def bart_from_min_dalle(encoder_sd: dict, decoder_sd: dict, cfg: BartConfig,
 def min_dalle_state(bart: DalleBart) -> tuple[dict, dict]:
     "min-dalle's `(encoder, decoder)` state dicts (numpy) of our BART."
     flat = unstack_layers({k: np.asarray(v) for k, v in _flat_params(bart).items()})
-    return tuple(to_torch_state({k[len(s) + 1:]: v for k, v in flat.items() if k.startswith(s + "/")}) for s in ("encoder", "decoder"))
+    return tuple(to_torch_state({k[len(s) + 1:]: v for k, v in flat.items() if k.startswith(s + "/")})
+                 for s in ("encoder", "decoder"))
 
 # %% ../nbs/09a_convert.ipynb #e41306a9
 def min_dalle_config(encoder_sd: dict, decoder_sd: dict, heads: int | None = None, image_codes: int | None = None,
                      source="encoder.pt") -> BartConfig:
-    "The BART config min-dalle's state dicts imply: sizes read off the tensors; heads from the published size, or given."
+    ("The BART config min-dalle's state dicts imply: sizes read off the tensors; heads from the published size, or "
+     "given.")
     try:
         d_model, max_text = encoder_sd["embed_positions.weight"].shape[1], encoder_sd["embed_positions.weight"].shape[0]
         text_vocab, image_rows = encoder_sd["embed_tokens.weight"].shape[0], decoder_sd["embed_tokens.weight"].shape[0]
         image_len, glu = decoder_sd["embed_positions.weight"].shape[0], encoder_sd["layers.0.glu.fc0.weight"].shape[0]
-    except KeyError as e: raise ConvertError(f"{source}: no tensor {e.args[0]}: not min-dalle's encoder.pt / decoder.pt") from None
+    except KeyError as e:
+        raise ConvertError(f"{source}: no tensor {e.args[0]}: not min-dalle's encoder.pt / decoder.pt") from None
     depth = lambda sd: len({k.split(".")[1] for k in sd if k.startswith("layers.")})
     published = {PRESETS[n]().bart.d_model: PRESETS[n]().bart.heads for n in ("mini", "mega")}
     heads = heads or published.get(d_model)
@@ -218,8 +227,8 @@ def min_dalle_config(encoder_sd: dict, decoder_sd: dict, heads: int | None = Non
     codes = image_codes or min(image_rows - 1, 16384)
     try:
         return BartConfig(text_vocab=text_vocab, image_codes=codes, image_vocab=image_rows - 1, max_text_len=max_text,
-                          image_len=image_len, d_model=d_model, encoder_layers=depth(encoder_sd), decoder_layers=depth(decoder_sd),
-                          heads=heads, glu_dim=glu, text_normalizer="dalle_mini")
+                          image_len=image_len, d_model=d_model, encoder_layers=depth(encoder_sd),
+                          decoder_layers=depth(decoder_sd), heads=heads, glu_dim=glu, text_normalizer="dalle_mini")
     except ValueError as e: raise ConvertError(f"{source}: {e}") from None
 
 # %% ../nbs/09a_convert.ipynb #ec7b24e5
@@ -242,10 +251,10 @@ def min_dalle_detoker_state(vqgan: VQGAN) -> dict:
 
 # %% ../nbs/09a_convert.ipynb #505fe82f
 FLAX_BART_LAYER = {            # our sub-module inside a layer → dalle-mini's compact name
-    "pre_self_attn_layer_norm": "LayerNorm_0", "self_attn": "FlaxBartAttention_0", "self_attn_layer_norm": "LayerNorm_1",
-    "pre_encoder_attn_layer_norm": "LayerNorm_2", "encoder_attn": "FlaxBartAttention_1", "encoder_attn_layer_norm": "LayerNorm_3",
-    "glu/ln0": "GLU_0/LayerNorm_0", "glu/fc0": "GLU_0/Dense_0", "glu/fc1": "GLU_0/Dense_1", "glu/ln1": "GLU_0/LayerNorm_1",
-    "glu/fc2": "GLU_0/Dense_2"}
+    "pre_self_attn_layer_norm": "LayerNorm_0", "self_attn": "FlaxBartAttention_0",
+    "self_attn_layer_norm": "LayerNorm_1", "pre_encoder_attn_layer_norm": "LayerNorm_2",
+    "encoder_attn": "FlaxBartAttention_1", "encoder_attn_layer_norm": "LayerNorm_3", "glu/ln0": "GLU_0/LayerNorm_0",
+    "glu/fc0": "GLU_0/Dense_0", "glu/fc1": "GLU_0/Dense_1", "glu/ln1": "GLU_0/LayerNorm_1", "glu/fc2": "GLU_0/Dense_2"}
 _SCALELESS = re.compile(r"(pre_self_attn_layer_norm|pre_encoder_attn_layer_norm|glu/ln0|glu/ln1|final_ln)/scale$")
 
 def flax_bart_name(key: str, scanned: bool) -> tuple[str, int | None]:
@@ -336,12 +345,12 @@ def bart_to_dalle_mini(bart: DalleBart, scanned: bool = True) -> tuple[dict, dic
     config = {"model_type": "dallebart", "encoder_vocab_size": cfg.text_vocab, "image_vocab_size": cfg.image_vocab,
               "image_length": cfg.image_len, "max_text_length": cfg.max_text_len, "d_model": cfg.d_model,
               "encoder_layers": cfg.encoder_layers, "decoder_layers": cfg.decoder_layers,
-              "encoder_attention_heads": cfg.heads, "decoder_attention_heads": cfg.heads, "encoder_ffn_dim": cfg.glu_dim,
-              "decoder_ffn_dim": cfg.glu_dim, "activation_function": "gelu", "ln_type": cfg.ln_type,
-              "ln_positions": "normformer", "use_bias": cfg.use_bias, "use_glu": True, "force_ln_scale": force,
-              "use_final_ln_encoder": True, "use_final_ln_decoder": True, "use_scan": scanned, "init_std": cfg.init_std,
-              "normalize_text": cfg.text_normalizer == "dalle_mini", "decoder_start_token_id": cfg.bos_id,
-              "tie_word_embeddings": False, "scale_embedding": False}
+              "encoder_attention_heads": cfg.heads, "decoder_attention_heads": cfg.heads,
+              "encoder_ffn_dim": cfg.glu_dim, "decoder_ffn_dim": cfg.glu_dim, "activation_function": "gelu",
+              "ln_type": cfg.ln_type, "ln_positions": "normformer", "use_bias": cfg.use_bias, "use_glu": True,
+              "force_ln_scale": force, "use_final_ln_encoder": True, "use_final_ln_decoder": True, "use_scan": scanned,
+              "init_std": cfg.init_std, "normalize_text": cfg.text_normalizer == "dalle_mini",
+              "decoder_start_token_id": cfg.bos_id, "tie_word_embeddings": False, "scale_embedding": False}
     return out, config
 
 def save_flax(directory, flat: dict, config: dict) -> Path:
@@ -354,7 +363,8 @@ def save_flax(directory, flat: dict, config: dict) -> Path:
 
 # %% ../nbs/09a_convert.ipynb #9fe1670c
 def flax_vqgan_name(key: str) -> str:
-    "dalle-mini's VQGAN msgpack name of our parameter `key` (`decoder/up/4/attn/0/q/kernel` → `decoder/up_4/attn_0/q/kernel`)."
+    ("dalle-mini's VQGAN msgpack name of our parameter `key` (`decoder/up/4/attn/0/q/kernel` → "
+     "`decoder/up_4/attn_0/q/kernel`).")
     if key == "quantize/embedding": return "quantize/embedding/embedding"
     return re.sub(r"\b(down|up|block|attn)/(\d+)/", r"\1_\2/", key)
 
@@ -383,7 +393,8 @@ def vqgan_from_flax(flat: dict, cfg: VQGANConfig, source="flax_model.msgpack") -
     want = model_shapes(VQGAN, cfg)
     names = {flax_vqgan_name(k): k for k in want}
     problems = [f"missing tensor {fk} {want[k]}" for fk, k in sorted(names.items()) if fk not in flat]
-    problems += [f"tensor {fk}: file has shape {tuple(flat[fk].shape)}, expected {want[k]}" for fk, k in sorted(names.items())
+    problems += [f"tensor {fk}: file has shape {tuple(flat[fk].shape)}, expected {want[k]}"
+                 for fk, k in sorted(names.items())
                  if fk in flat and tuple(flat[fk].shape) != want[k]]
     problems += [f"unexpected tensor {fk} {tuple(v.shape)}" for fk, v in sorted(flat.items()) if fk not in names]
     if problems: raise _problems(source,
@@ -400,7 +411,8 @@ def vqgan_to_flax(vqgan: VQGAN) -> tuple[dict, dict]:
               "resolution": c.resolution, "z_channels": c.z_channels, "ch_mult": list(c.ch_mult),
               "attn_resolutions": list(c.attn_resolutions), "n_embed": c.n_embed, "embed_dim": c.embed_dim,
               "dropout": 0.0, "double_z": False, "resamp_with_conv": True, "give_pre_end": False,
-              "norm_groups": c.norm_groups, "norm_eps": c.norm_eps, "signed_input": c.signed_input}   # ours; others ignore them
+              # ours; others ignore them
+              "norm_groups": c.norm_groups, "norm_eps": c.norm_eps, "signed_input": c.signed_input}
     return flat, config
 
 # %% ../nbs/09a_convert.ipynb #ccb436a2
@@ -421,22 +433,26 @@ def clip_config_from_transformers(c: dict, source="config.json") -> CLIPConfig:
     try:
         return CLIPConfig(embed_dim=c.get("projection_dim", base.embed_dim),
                           image_size=v.get("image_size", base.image_size),
-                          patch_size=v.get("patch_size", base.patch_size), vision_width=v.get("hidden_size", base.vision_width),
-                          vision_layers=v.get("num_hidden_layers",
+                          patch_size=v.get("patch_size", base.patch_size),
+                          vision_width=v.get("hidden_size", base.vision_width), vision_layers=v.get("num_hidden_layers",
                                               base.vision_layers), vision_heads=v.get("num_attention_heads",
                                                                                       base.vision_heads),
                           vision_mlp=v.get("intermediate_size", base.vision_mlp), text_vocab=vocab,
-                          text_len=t.get("max_position_embeddings", base.text_len), text_width=t.get("hidden_size", base.text_width),
-                          text_layers=t.get("num_hidden_layers", base.text_layers), text_heads=t.get("num_attention_heads", base.text_heads),
-                          text_mlp=t.get("intermediate_size", base.text_mlp), act=acts.pop(), ln_eps=t.get("layer_norm_eps", base.ln_eps),
-                          pad_id=eos, eos_id=eos, logit_scale_init=c.get("logit_scale_init_value",
+                          text_len=t.get("max_position_embeddings", base.text_len),
+                          text_width=t.get("hidden_size", base.text_width),
+                          text_layers=t.get("num_hidden_layers", base.text_layers),
+                          text_heads=t.get("num_attention_heads", base.text_heads),
+                          text_mlp=t.get("intermediate_size", base.text_mlp), act=acts.pop(),
+                          ln_eps=t.get("layer_norm_eps", base.ln_eps), pad_id=eos, eos_id=eos,
+                          logit_scale_init=c.get("logit_scale_init_value",
                                                                          base.logit_scale_init))
     except (TypeError, ValueError) as e: raise ConvertError(f"{source}: {e}") from None
 
 # %% ../nbs/09a_convert.ipynb #1569c7e0
 def clip_from_transformers(sd: dict, cfg: CLIPConfig, source="model.safetensors") -> dict:
     "Our CLIP parameters from transformers' `CLIPModel` state dict."
-    what = f"CLIP ({cfg.vision_layers}-layer ViT of width {cfg.vision_width}, {cfg.text_layers}-layer text tower of width {cfg.text_width})"
+    what = (f"CLIP ({cfg.vision_layers}-layer ViT of width {cfg.vision_width}, {cfg.text_layers}-layer text tower of "
+            f"width {cfg.text_width})")
     return from_torch_state(sd, model_shapes(CLIP, cfg), source, what, ignore=_CLIP_IGNORE)
 
 def clip_to_transformers(clip: CLIP) -> tuple[dict, dict]:
@@ -450,6 +466,7 @@ def clip_to_transformers(clip: CLIP) -> tuple[dict, dict]:
                               "eos_token_id": c.eos_id, "pad_token_id": c.pad_id, "projection_dim": c.embed_dim},
               "vision_config": {"hidden_size": c.vision_width, "intermediate_size": c.vision_mlp,
                                 "num_hidden_layers": c.vision_layers,
-                                "num_attention_heads": c.vision_heads, "image_size": c.image_size, "patch_size": c.patch_size,
-                                "hidden_act": c.act, "layer_norm_eps": c.ln_eps, "num_channels": 3, "projection_dim": c.embed_dim}}
+                                "num_attention_heads": c.vision_heads, "image_size": c.image_size,
+                                "patch_size": c.patch_size, "hidden_act": c.act, "layer_norm_eps": c.ln_eps,
+                                "num_channels": 3, "projection_dim": c.embed_dim}}
     return sd, config

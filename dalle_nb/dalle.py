@@ -37,7 +37,8 @@ def image_mask(kind: str, grid: int, conv_kernel: int = 5) -> np.ndarray:
 
 @lru_cache(maxsize=64)
 def stream_mask(kind: str, text_len: int, grid: int, conv_kernel: int = 5) -> np.ndarray:
-    "Boolean `[T, T]` mask over the whole stream (`text_len` text then `grid²` image tokens): causal text, all text for images, `image_mask` among images."
+    ("Boolean `[T, T]` mask over the whole stream (`text_len` text then `grid²` image tokens): causal text, all text "
+     "for images, `image_mask` among images.")
     n = grid * grid
     m = np.zeros((text_len + n, text_len + n), bool)
     m[:text_len, :text_len] = np.tril(np.ones((text_len, text_len), bool))
@@ -74,7 +75,8 @@ def plain_residual(i: int, block, fn, h):
 class AttentionBlock(nnx.Module):
     "`LN → q, k, v → masked attention → out`, the first residual block of a layer."
     def __init__(self, cfg: DalleConfig, *, rngs: nnx.Rngs):
-        lin = lambda axes, std: Linear(cfg.d_model, cfg.d_model, axes=axes, std=std, dtype=cfg.dtype, param_dtype=cfg.param_dtype, rngs=rngs)
+        lin = lambda axes, std: Linear(cfg.d_model, cfg.d_model, axes=axes, std=std, dtype=cfg.dtype,
+                                       param_dtype=cfg.param_dtype, rngs=rngs)
         self.ln = Norm(cfg.d_model, eps=cfg.ln_eps, dtype=cfg.dtype, param_dtype=cfg.param_dtype, rngs=rngs)
         self.q_proj, self.k_proj, self.v_proj = (lin(("embed", "heads"), cfg.init_std) for _ in range(3))
         self.out_proj = lin(("heads", "embed"), cfg.init_std / math.sqrt(2 * cfg.layers))
@@ -104,7 +106,8 @@ class MLPBlock(nnx.Module):
         kw = dict(dtype=cfg.dtype, param_dtype=cfg.param_dtype, rngs=rngs)
         self.ln = Norm(cfg.d_model, eps=cfg.ln_eps, **kw)
         self.fc_in = Linear(cfg.d_model, cfg.mlp_mult * cfg.d_model, axes=("embed", "mlp"), std=cfg.init_std, **kw)
-        self.fc_out = Linear(cfg.mlp_mult * cfg.d_model, cfg.d_model, axes=("mlp", "embed"), std=cfg.init_std / math.sqrt(2 * cfg.layers), **kw)
+        self.fc_out = Linear(cfg.mlp_mult * cfg.d_model, cfg.d_model, axes=("mlp", "embed"),
+                             std=cfg.init_std / math.sqrt(2 * cfg.layers), **kw)
 
     def __call__(self, x):
         return self.fc_out(constrain(gelu(self.fc_in(self.ln(x))), ("batch", "length", "mlp")))
@@ -128,7 +131,8 @@ class Layer(nnx.Module):
         return x + self.mlp(x).astype(x.dtype), (k, v)
 
     def step(self, x, pos, mask_row, k_cache, v_cache):
-        "One position `pos` (`x` `[B, 1, d]`): write its key/value into the caches, attend where `mask_row` `[T]` allows."
+        ("One position `pos` (`x` `[B, 1, d]`): write its key/value into the caches, attend where `mask_row` `[T]` "
+         "allows.")
         q, k, v = self.attn.qkv(x)
         k_cache = jax.lax.dynamic_update_slice_in_dim(k_cache, k.astype(k_cache.dtype), pos, axis=1)
         v_cache = jax.lax.dynamic_update_slice_in_dim(v_cache, v.astype(v_cache.dtype), pos, axis=1)
@@ -139,14 +143,16 @@ class Layer(nnx.Module):
 class DalleTransformer(nnx.Module):
     "The DALL·E paper's decoder-only transformer: text ids + image ids → text logits and image logits."
     def __init__(self, cfg: DalleConfig, *, rngs: nnx.Rngs):
-        emb = lambda n, axes: Embed(n, cfg.d_model, axes=axes, std=cfg.init_std, dtype="float32", param_dtype=cfg.param_dtype, rngs=rngs)
+        emb = lambda n, axes: Embed(n, cfg.d_model, axes=axes, std=cfg.init_std, dtype="float32",
+                                    param_dtype=cfg.param_dtype, rngs=rngs)
         self.text_embed = emb(cfg.text_vocab + cfg.text_len, ("vocab", "embed"))
         self.text_pos = emb(cfg.text_len, (None, "embed"))
         self.image_embed = emb(cfg.image_codes, ("vocab", "embed"))
         self.row_embed, self.col_embed = emb(cfg.image_grid, (None, "embed")), emb(cfg.image_grid, (None, "embed"))
         self.layers = nnx.List([Layer(cfg, kind, rngs=rngs) for kind in cfg.layer_kinds])
         self.ln_f = Norm(cfg.d_model, eps=cfg.ln_eps, dtype="float32", param_dtype=cfg.param_dtype, rngs=rngs)
-        head = lambda n: Linear(cfg.d_model, n, axes=("embed", "vocab"), std=cfg.init_std, dtype=cfg.dtype, param_dtype=cfg.param_dtype, rngs=rngs)
+        head = lambda n: Linear(cfg.d_model, n, axes=("embed", "vocab"), std=cfg.init_std, dtype=cfg.dtype,
+                                param_dtype=cfg.param_dtype, rngs=rngs)
         self.text_head, self.image_head = head(cfg.text_vocab + cfg.text_len), head(cfg.image_codes)
         self.cfg = cfg
 
@@ -157,7 +163,8 @@ class DalleTransformer(nnx.Module):
 
     @property
     def residual_blocks(self) -> int:
-        "How many residual blocks call `residual` (attention and MLP of every layer): per-resblock gradient scaling keeps a scale for each."
+        ("How many residual blocks call `residual` (attention and MLP of every layer): per-resblock gradient scaling "
+         "keeps a scale for each.")
         return 2 * self.cfg.layers
 
 # %% ../nbs/18_dalle.ipynb #b0f101a8
@@ -165,7 +172,8 @@ class DalleTransformer(nnx.Module):
 def text_tokens(self: DalleTransformer, text_ids):
     "Text ids with each `<pad>` at position s replaced by the learned padding token `text_vocab + s`."
     S = self.cfg.text_len
-    if text_ids.shape[-1] != S: raise ValueError(f"DalleTransformer: expected {S} text ids per caption, got {text_ids.shape[-1]}")
+    if text_ids.shape[-1] != S:
+        raise ValueError(f"DalleTransformer: expected {S} text ids per caption, got {text_ids.shape[-1]}")
     return jnp.where(text_ids == self.cfg.pad_id, self.cfg.text_vocab + jnp.arange(S), text_ids)
 
 @patch
@@ -189,7 +197,8 @@ def _masks(self: DalleTransformer, T):
 def __call__(self: DalleTransformer, text_ids, image_ids, residual=plain_residual):
     "Text logits `[B, text_len-1, text_vocab+text_len]` and image logits `[B, image_len, image_codes]` (float32)."
     S, N = self.cfg.text_len, self.cfg.image_len
-    if image_ids.shape[-1] != N: raise ValueError(f"DalleTransformer: expected {N} image ids per image, got {image_ids.shape[-1]}")
+    if image_ids.shape[-1] != N:
+        raise ValueError(f"DalleTransformer: expected {N} image ids per image, got {image_ids.shape[-1]}")
     xi = self.image_embed(image_ids[:, :-1]) + self.image_positions(jnp.arange(N - 1))[None]
     x = constrain(jnp.concatenate([self.embed_text(text_ids), xi], axis=1), ("batch", "length", "embed"))
     for i, (layer, mask) in enumerate(zip(self.layers, self._masks(S + N - 1))):
@@ -205,11 +214,13 @@ def dalle_loss(model: DalleTransformer, text_ids, image_ids, residual=plain_resi
     image_ce = optax.softmax_cross_entropy_with_integer_labels(il, image_ids).mean()
     w = model.cfg.text_loss_weight
     loss = w * text_ce + (1 - w) * image_ce
-    return loss, {"loss": loss, "text_loss": text_ce, "image_loss": image_ce, "accuracy": (il.argmax(-1) == image_ids).mean()}
+    return loss, {"loss": loss, "text_loss": text_ce, "image_loss": image_ce,
+                  "accuracy": (il.argmax(-1) == image_ids).mean()}
 
 # %% ../nbs/18_dalle.ipynb #af71e359
 class DalleCache(NamedTuple):
-    "Keys and values of every layer for every stream position written so far: `[layers, B, text_len + image_len, heads, head_dim]`."
+    ("Keys and values of every layer for every stream position written so far: `[layers, B, text_len + image_len, "
+     "heads, head_dim]`.")
     k: jax.Array
     v: jax.Array
 
@@ -228,7 +239,8 @@ def prefill(self: DalleTransformer, text_ids, dtype=None):
 # %% ../nbs/18_dalle.ipynb #72f8c541
 @patch
 def step(self: DalleTransformer, tokens, t, cache: DalleCache):
-    "Feed image token `tokens` `[B]` at image position `t`: logits `[B, image_codes]` of image token `t + 1`, updated cache."
+    ("Feed image token `tokens` `[B]` at image position `t`: logits `[B, image_codes]` of image token `t + 1`, updated "
+     "cache.")
     pos = self.cfg.text_len + t
     x = (self.image_embed(tokens) + self.image_positions(jnp.reshape(t, (1,))))[:, None]
     ks, vs = [], []

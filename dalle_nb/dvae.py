@@ -25,14 +25,16 @@ def _conv(cin, cout, k, dtype, rngs):
     return Conv(cin, cout, k, dtype=dtype, rngs=rngs)
 
 class ResBlock(nnx.Module):
-    "`id_path(x) + post_gain * res_path(x)`, the res path four ReLU→conv pairs `n_out/4` wide (encoder or decoder kernel order)."
+    ("`id_path(x) + post_gain * res_path(x)`, the res path four ReLU→conv pairs `n_out/4` wide (encoder or decoder "
+     "kernel order).")
     def __init__(self, n_in: int, n_out: int, n_layers: int, kernels=(3, 3, 3, 1), *, dtype="float32", rngs: nnx.Rngs):
         if n_out % 4: raise ValueError(f"ResBlock: n_out={n_out} must be a multiple of 4")
         n_hid = n_out // 4
         self.post_gain = 1.0 / n_layers ** 2
         self.id_path = _conv(n_in, n_out, 1, dtype, rngs) if n_in != n_out else None
         widths = (n_in, n_hid, n_hid, n_hid, n_out)
-        self.conv_1, self.conv_2, self.conv_3, self.conv_4 = (_conv(widths[i], widths[i + 1], k, dtype, rngs) for i, k in enumerate(kernels))
+        self.conv_1, self.conv_2, self.conv_3, self.conv_4 = (_conv(widths[i], widths[i + 1], k, dtype, rngs)
+                                                              for i, k in enumerate(kernels))
 
     def res_path(self, x):
         for conv in (self.conv_1, self.conv_2, self.conv_3, self.conv_4): x = conv(jax.nn.relu(x))
@@ -47,7 +49,8 @@ class Group(nnx.Module):
     "`n_blk_per_group` residual blocks at one resolution, then optional max-pool (encoder) or upsample (decoder)."
     def __init__(self, n_in, n_out, cfg: DVAEConfig, kernels, resample: str | None, *, rngs):
         n_layers = cfg.group_count * cfg.n_blk_per_group
-        self.blocks = nnx.List([ResBlock(n_in if j == 0 else n_out, n_out, n_layers, kernels, dtype=cfg.dtype, rngs=rngs)
+        self.blocks = nnx.List([ResBlock(n_in if j == 0 else n_out, n_out, n_layers, kernels, dtype=cfg.dtype,
+                                         rngs=rngs)
                                 for j in range(cfg.n_blk_per_group)])
         self.resample = resample
 
@@ -67,7 +70,8 @@ class DVAEEncoder(nnx.Module):
         G, w = cfg.group_count, [cfg.n_hid * 2 ** g for g in range(cfg.group_count)]
         self.input = _conv(cfg.in_channels * cfg.patch ** 2, cfg.n_hid, 7 if cfg.patch == 1 else 3, cfg.dtype, rngs)
         self.patch = cfg.patch
-        self.groups = nnx.List([Group(cfg.n_hid if g == 0 else w[g - 1], w[g], cfg, (3, 3, 3, 1), "pool" if g < G - 1 else None, rngs=rngs)
+        self.groups = nnx.List([Group(cfg.n_hid if g == 0 else w[g - 1], w[g], cfg, (3, 3, 3, 1),
+                                      "pool" if g < G - 1 else None, rngs=rngs)
                                 for g in range(G)])
         self.output = _conv(w[-1], cfg.vocab_size, 1, "float32", rngs)
 
@@ -82,7 +86,8 @@ class DVAEDecoder(nnx.Module):
     def __init__(self, cfg: DVAEConfig, *, rngs: nnx.Rngs):
         G, w = cfg.group_count, [cfg.n_hid * 2 ** (cfg.group_count - 1 - g) for g in range(cfg.group_count)]
         self.input = _conv(cfg.vocab_size, cfg.n_init, 1, "float32", rngs)
-        self.groups = nnx.List([Group(cfg.n_init if g == 0 else w[g - 1], w[g], cfg, (1, 3, 3, 3), "up" if g < G - 1 else None, rngs=rngs)
+        self.groups = nnx.List([Group(cfg.n_init if g == 0 else w[g - 1], w[g], cfg, (1, 3, 3, 3),
+                                      "up" if g < G - 1 else None, rngs=rngs)
                                 for g in range(G)])
         self.output = _conv(w[-1], 2 * cfg.in_channels * cfg.patch ** 2, 1, cfg.dtype, rngs)
         self.dtype, self.patch = dtype_of(cfg.dtype), cfg.patch
@@ -112,7 +117,8 @@ def unmap_pixels(x, eps: float = 0.1):
     return jnp.clip((x - eps) / (1 - 2 * eps), 0.0, 1.0)
 
 def logit_laplace_nll(x, stats, eps: float = 0.1):
-    "Negative log-likelihood (nats, per pixel value) of images `x` in [0, 1] under decoder `stats` `[..., 2C]` (μ, log b)."
+    ("Negative log-likelihood (nats, per pixel value) of images `x` in [0, 1] under decoder `stats` `[..., 2C]` (μ, "
+     "log b).")
     mu, log_b = jnp.split(stats.astype(jnp.float32), 2, axis=-1)
     xm = map_pixels(jnp.asarray(x, jnp.float32), eps)
     return jnp.abs(jnp.log(xm) - jnp.log1p(-xm) - mu) * jnp.exp(-log_b) + log_b + math.log(2.0) + jnp.log(xm * (1 - xm))
@@ -151,7 +157,8 @@ class Progress(nnx.Variable):
     "Training steps taken so far — what the temperature and KL schedules read (state, not a parameter)."
 
 class DVAE(nnx.Module):
-    "DALL·E's discrete VAE: `encode` images → ids, `decode` ids → images, `__call__` → relaxed reconstruction statistics."
+    ("DALL·E's discrete VAE: `encode` images → ids, `decode` ids → images, `__call__` → relaxed reconstruction "
+     "statistics.")
     def __init__(self, cfg: DVAEConfig, *, rngs: nnx.Rngs):
         self.encoder, self.decoder, self.cfg = DVAEEncoder(cfg, rngs=rngs), DVAEDecoder(cfg, rngs=rngs), cfg
         self.progress = Progress(jnp.zeros((), jnp.float32))
@@ -160,7 +167,8 @@ class DVAE(nnx.Module):
         "Encoder logits `[B, g, g, vocab_size]` of images in [0, 1]."
         x = jnp.asarray(images, jnp.float32)
         if x.shape[1:] != (self.cfg.resolution, self.cfg.resolution, self.cfg.in_channels):
-            raise ValueError(f"DVAE: expected images [B, {self.cfg.resolution}, {self.cfg.resolution}, {self.cfg.in_channels}], got {x.shape}")
+            raise ValueError(f"DVAE: expected images [B, {self.cfg.resolution}, {self.cfg.resolution}, "
+                             f"{self.cfg.in_channels}], got {x.shape}")
         return self.encoder(map_pixels(x, self.cfg.logit_laplace_eps).astype(dtype_of(self.cfg.dtype)))
 
     def encode(self, images):
@@ -184,13 +192,15 @@ class DVAE(nnx.Module):
 
 # %% ../nbs/17_dvae.ipynb #18b2c50f
 def codebook_usage_kl(logits):
-    "KL divergence (nats) from the posterior averaged over every position of every image, `mean softmax(logits)`, to uniform."
+    ("KL divergence (nats) from the posterior averaged over every position of every image, `mean softmax(logits)`, to "
+     "uniform.")
     q = jax.nn.softmax(logits.astype(jnp.float32), axis=-1).reshape(-1, logits.shape[-1]).mean(0)
     return kl_to_uniform(jnp.log(jnp.maximum(q, 1e-30)))
 
 # %% ../nbs/17_dvae.ipynb #5112317a
 def dvae_loss(model: DVAE, images, key, step=None, advance: float = 0.0):
-    "Negative ELB per pixel value, `NLL + β(step)·KL` at temperature `τ(step)`, plus `usage_weight` × the codebook-usage KL (`step`: default `model.progress`, then advanced by `advance`)."
+    ("Negative ELB per pixel value, `NLL + β(step)·KL` at temperature `τ(step)`, plus `usage_weight` × the "
+     "codebook-usage KL (`step`: default `model.progress`, then advanced by `advance`).")
     cfg = model.cfg
     if step is None:
         step = model.progress[...]
@@ -209,10 +219,12 @@ def dvae_loss(model: DVAE, images, key, step=None, advance: float = 0.0):
     loss = rec + beta * kl + cfg.usage_weight * usage
     mse = ((stats_to_image(stats, cfg.logit_laplace_eps) - images) ** 2).mean((1, 2, 3))
     return loss, {"loss": loss, "recon": rec, "kl": kl, "usage": usage, "tau": tau, "beta": beta,
-                  "psnr": jnp.mean(10 * jnp.log10(1.0 / jnp.maximum(mse, 1e-10)))}   # the VQGAN's PSNR, of the relaxed reconstruction
+                  # the VQGAN's PSNR, of the relaxed reconstruction
+                  "psnr": jnp.mean(10 * jnp.log10(1.0 / jnp.maximum(mse, 1e-10)))}
 
 # %% ../nbs/17_dvae.ipynb #978930bc
-def show_dvae_reconstructions(model: DVAE, images, n: int = 8, title: str = "originals (top) and dVAE reconstructions from argmax codes (bottom)"):
+def show_dvae_reconstructions(model: DVAE, images, n: int = 8,
+                              title: str = "originals (top) and dVAE reconstructions from argmax codes (bottom)"):
     "Originals above their reconstructions through hard (argmax) codes, with the PSNR of each."
     from dalle_nb.images import show_images, to_float
     x = np.asarray(to_float(images[:n]))

@@ -20,7 +20,8 @@ __all__ = ['COLOR_DIM', 'figure_ground', 'patch_colors', 'PatchEncoder', 'Factor
 COLOR_DIM = 4       # a patch colour vector: mean RGB of its figure pixels, and how much figure it has
 
 def figure_ground(x, p: int, floor: float = 0.1):
-    "`[B, H, W, 1]` in [0, 1]: each pixel's distance from the background colour (the median border pixel) over the largest in its `p × p` patch (0 where that is below `floor`)."
+    ("`[B, H, W, 1]` in [0, 1]: each pixel's distance from the background colour (the median border pixel) over the "
+     "largest in its `p × p` patch (0 where that is below `floor`).")
     border = jnp.concatenate([x[:, 0], x[:, -1], x[:, :, 0], x[:, :, -1]], 1).astype(jnp.float32)
     bg = jnp.median(border, axis=1)
     d = jnp.sqrt(((x.astype(jnp.float32) - bg[:, None, None]) ** 2).sum(-1, keepdims=True))
@@ -30,7 +31,8 @@ def figure_ground(x, p: int, floor: float = 0.1):
 
 # %% ../nbs/05a_factored.ipynb #660e7824
 def patch_colors(x, p: int):
-    "`[B, H/p, W/p, 4]`: per `p × p` patch, the mean colour of its figure pixels (weighted by `figure_ground`) and its largest weight."
+    ("`[B, H/p, W/p, 4]`: per `p × p` patch, the mean colour of its figure pixels (weighted by `figure_ground`) and "
+     "its largest weight.")
     w = space_to_depth(figure_ground(x, p), p).astype(jnp.float32)                 # [B, g, g, p²]
     px = space_to_depth(x.astype(jnp.float32), p)
     px = px.reshape(*px.shape[:3], p * p, -1)                                       # [B, g, g, p², 3]
@@ -40,7 +42,8 @@ def patch_colors(x, p: int):
 
 # %% ../nbs/05a_factored.ipynb #55b7a5a7
 class PatchEncoder(nnx.Module):
-    "The outline stream's encoder: each `factor × factor` patch of a one-channel map → `[z_channels]`, by an MLP that sees only that patch."
+    ("The outline stream's encoder: each `factor × factor` patch of a one-channel map → `[z_channels]`, by an MLP that "
+     "sees only that patch.")
     def __init__(self, cfg: VQGANConfig, *, rngs: nnx.Rngs):
         f, h = cfg.factor, cfg.ch * cfg.ch_mult[-1]
         self.fc1 = Conv(f * f, h, 1, dtype=cfg.dtype, rngs=rngs)
@@ -53,7 +56,8 @@ class PatchEncoder(nnx.Module):
 
 # %% ../nbs/05a_factored.ipynb #4ce8f53d
 class FactoredVQGAN(VQGAN):
-    "A VQGAN with two tokens per patch: an outline code (of `n_embed`, read from `figure_ground`), then a colour code (`n_embed + c`)."
+    ("A VQGAN with two tokens per patch: an outline code (of `n_embed`, read from `figure_ground`), then a colour code "
+     "(`n_embed + c`).")
     factored = True
 
     def __init__(self, cfg: VQGANConfig, *, rngs: nnx.Rngs):
@@ -90,7 +94,8 @@ def latents(self: FactoredVQGAN, ids):
 
 @patch
 def decode_latents(self: FactoredVQGAN, zq, zc):
-    "Outline codes through `post_quant_conv` plus colour codes through `post_color_conv`, decoded: unclipped float32 images."
+    ("Outline codes through `post_quant_conv` plus colour codes through `post_color_conv`, decoded: unclipped float32 "
+     "images.")
     z = self.post_quant_conv(zq)
     return self.decoder(z + self.post_color_conv(zc.astype(z.dtype))).astype(jnp.float32)
 

@@ -19,7 +19,8 @@ __all__ = ['scaled_block', 'toy_stack', 'toy_block', 'toy_loss', 'GradScales', '
 # %% ../nbs/19_gradscale.ipynb #78a06797
 @partial(jax.custom_vjp, nondiff_argnums=(0,))
 def scaled_block(fn, state, h, scale):
-    "`h + fn(state, h)`; backward: scale the incoming gradient, cast to `fn`'s dtype, unscale, and zero it if non-finite."
+    ("`h + fn(state, h)`; backward: scale the incoming gradient, cast to `fn`'s dtype, unscale, and zero it if "
+     "non-finite.")
     return h + fn(state, h).astype(h.dtype)
 
 def _scaled_fwd(fn, state, h, scale):
@@ -39,7 +40,8 @@ scaled_block.defvjp(_scaled_fwd, _scaled_bwd)
 
 # %% ../nbs/19_gradscale.ipynb #1293179b
 def toy_stack(gains, d: int = 16, batch: int = 8, seed: int = 0):
-    "Weights `[n, d, d]`, an input and loss weights for a residual stack of `h + out·tanh(inner·h W)` blocks (for demonstrations)."
+    ("Weights `[n, d, d]`, an input and loss weights for a residual stack of `h + out·tanh(inner·h W)` blocks (for "
+     "demonstrations).")
     k = jax.random.split(jax.random.key(seed), 3)
     ws = jax.random.normal(k[0], (len(gains), d, d)) / np.sqrt(d)
     return ws, jax.random.normal(k[1], (batch, d)), jax.random.normal(k[2], (batch, d)) * 2.0 ** -12
@@ -76,14 +78,16 @@ def update_scales(s: GradScales, overflow, growth_interval: int = 1000, factor: 
 
 # %% ../nbs/19_gradscale.ipynb #b3beff8b
 def scaled_residual(scales):
-    "A `residual(i, block, fn, h)` callback for `DalleTransformer` that runs block `i` through `scaled_block` at `scales[i]`."
+    ("A `residual(i, block, fn, h)` callback for `DalleTransformer` that runs block `i` through `scaled_block` at "
+     "`scales[i]`.")
     def residual(i, block, fn, h):
         graphdef, state = nnx.split(block)
         return scaled_block(lambda st, x: fn(nnx.merge(graphdef, st), x), state, h, scales[i])
     return residual
 
 def block_scaled_grads(loss_fn, model, scales, *args, loss_scale: float = 1.0):
-    "`(loss, parameter gradients, per-block overflow flags)` of `loss_fn(model, *args, residual=...) -> (loss, aux)` with per-block `scales`."
+    ("`(loss, parameter gradients, per-block overflow flags)` of `loss_fn(model, *args, residual=...) -> (loss, aux)` "
+     "with per-block `scales`.")
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
     def f(p, s):
         loss, _ = loss_fn(nnx.merge(graphdef, p, rest), *args, residual=scaled_residual(s))

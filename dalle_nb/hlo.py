@@ -15,7 +15,8 @@ __all__ = ['DTYPE_BYTES', 'COLLECTIVES', 'hlo_shapes', 'hlo_nbytes', 'parse_hlo'
 # %% ../nbs/12a_hlo.ipynb #3deeee65
 DTYPE_BYTES = {"pred": 1, "s4": 1, "u4": 1, "s8": 1, "u8": 1, "f8e4m3fn": 1, "f8e5m2": 1, "bf16": 2, "f16": 2, "s16": 2,
                "u16": 2,
-               "f32": 4, "s32": 4, "u32": 4, "f64": 8, "s64": 8, "u64": 8, "c64": 8, "c128": 16}    # bytes per element (4-bit: 1)
+               # bytes per element (4-bit: 1)
+               "f32": 4, "s32": 4, "u32": 4, "f64": 8, "s64": 8, "u64": 8, "c64": 8, "c128": 16}
 _SHAPE = re.compile(r"([a-z][a-z0-9]*)\[([0-9,]*)\]")
 
 def hlo_shapes(text: str) -> list[tuple[str, list[int]]]:
@@ -33,7 +34,8 @@ _CALLS = re.compile(r"(?:calls|to_apply|branch_computations|true_computation|fal
 _SECTIONS = ("FileNames", "FunctionNames", "FileLocations", "StackFrames")
 
 def _section_line(section: str, line: str, funcs: dict, locs: dict, frames: dict):
-    "File one numbered line of a debug table: function names, file locations (→ function), stack frames (→ location, parent)."
+    ("File one numbered line of a debug table: function names, file locations (→ function), stack frames (→ location, "
+     "parent).")
     i, rest = line.split(" ", 1)
     if section == "FunctionNames": funcs[int(i)] = rest.strip('"')
     elif section == "FileLocations": locs[int(i)] = int(re.search(r"function_name_id=(\d+)", rest)[1])
@@ -61,7 +63,8 @@ def _operand_shapes(comps: dict):
         comp["shapes"].update(re.findall(r"([\w.\-]+):\s*([a-z0-9]+\[[0-9,]*\])", comp["params"]))
 
 def parse_hlo(text: str):
-    "`(computations, entry, stack)` of an HLO module's text: name → {params, instrs: [(name, shape, op, rest)], shapes}, the entry's name, and stack-frame id → function names."
+    ("`(computations, entry, stack)` of an HLO module's text: name → {params, instrs: [(name, shape, op, rest)], "
+     "shapes}, the entry's name, and stack-frame id → function names.")
     comps, entry, cur = {}, None, None
     tables, section = ({}, {}, {}), None          # function names, file locations, stack frames
     for line in text.splitlines():
@@ -82,7 +85,8 @@ def parse_hlo(text: str):
 
 # %% ../nbs/12a_hlo.ipynb #d5fe0107
 def _trip_count(comps: dict, cond: str, rest: str) -> tuple[int, bool]:
-    "(trip count, exact?) of a while loop: XLA's known_trip_count, else the integer its condition compares the counter with."
+    ("(trip count, exact?) of a while loop: XLA's known_trip_count, else the integer its condition compares the "
+     "counter with.")
     m = re.search(r'"known_trip_count":\{"n":"(\d+)"', rest)
     if m: return int(m[1]), True
     consts, dirs, todo, seen = [], [], [cond], set()
@@ -91,7 +95,8 @@ def _trip_count(comps: dict, cond: str, rest: str) -> tuple[int, bool]:
         if c in seen or c not in comps: continue
         seen.add(c)
         for n, shape, op, r in comps[c]["instrs"]:
-            if op == "constant" and re.match(r"[su](32|64)\[\]", shape) and (k := re.match(r"(-?\d+)\)", r)): consts.append(int(k[1]))
+            if op == "constant" and re.match(r"[su](32|64)\[\]", shape) and (k := re.match(r"(-?\d+)\)", r)):
+                consts.append(int(k[1]))
             if op == "compare": dirs.append(re.search(r"direction=(\w+)", r)[1])
             todo += [x.strip().lstrip("%") for x in re.findall(r"calls=%?([\w.\-]+)", r)]
     if not consts or not dirs: return 1, False
@@ -99,7 +104,9 @@ def _trip_count(comps: dict, cond: str, rest: str) -> tuple[int, bool]:
 
 # %% ../nbs/12a_hlo.ipynb #8e6d606e
 def walk_hlo(module, visit, inexact_trips: int | None = None) -> list[tuple[str, int, bool]]:
-    "Call `visit(computation, instruction, times)` for every instruction one run of `module` (`parse_hlo`'s result) reaches from its entry, `times` = how often it runs (loop bodies × trip counts; a loop that stops on convergence counts at its cap, or `inexact_trips`). Returns the loops met: `(body, trips, exact)`."
+    ("Call `visit(computation, instruction, times)` for every instruction one run of `module` (`parse_hlo`'s result) "
+     "reaches from its entry, `times` = how often it runs (loop bodies × trip counts; a loop that stops on convergence "
+     "counts at its cap, or `inexact_trips`). Returns the loops met: `(body, trips, exact)`.")
     comps, entry, _ = module
     loops = []
     def walk(name, times, depth=0):
@@ -150,7 +157,9 @@ def _collective(ins, devices: int):
 
 # %% ../nbs/12a_hlo.ipynb #6abb877a
 def collective_ops(text: str, devices: int = 1, inexact_trips: int | None = None) -> list[dict]:
-    "Every collective one run of a compiled program (its HLO text) executes: `{'name', 'op', 'shapes', 'bytes', 'group', 'times'}` — result shapes and bytes per device, group size (`devices` when the op does not say), how often it runs (loops × trip counts)."
+    ("Every collective one run of a compiled program (its HLO text) executes: `{'name', 'op', 'shapes', 'bytes', "
+     "'group', 'times'}` — result shapes and bytes per device, group size (`devices` when the op does not say), how "
+     "often it runs (loops × trip counts).")
     out = []
     def visit(comp, ins, times):
         if (c := _collective(ins, devices)) is not None:
@@ -159,18 +168,21 @@ def collective_ops(text: str, devices: int = 1, inexact_trips: int | None = None
     return out
 
 def collective_bytes(text: str, devices: int = 1) -> dict:
-    "Bytes per device that one run of a compiled program passes through each kind of collective (`{'all-reduce': …}`: result bytes × times run)."
+    ("Bytes per device that one run of a compiled program passes through each kind of collective (`{'all-reduce': …}`: "
+     "result bytes × times run).")
     out = {}
     for c in collective_ops(text, devices): out[c["op"]] = out.get(c["op"], 0) + c["bytes"] * c["times"]
     return out
 
 def allreduce_bytes(compiled_text: str) -> int:
-    "Bytes all-reduced per device by one run of a compiled program: the results of its `all-reduce` / `all-reduce-start` ops, × how often each runs."
+    ("Bytes all-reduced per device by one run of a compiled program: the results of its `all-reduce` / "
+     "`all-reduce-start` ops, × how often each runs.")
     return collective_bytes(compiled_text).get("all-reduce", 0)
 
 # %% ../nbs/12a_hlo.ipynb #8d2c1386
 def _conv_flops(out, lhs, rhs, rest) -> int:
-    "FLOPs of an HLO convolution (TPU HLO writes matmuls so): 2 × batch × out features × in features × valid window taps."
+    ("FLOPs of an HLO convolution (TPU HLO writes matmuls so): 2 × batch × out features × in features × valid window "
+     "taps.")
     import numpy as np
     lab = re.search(r"dim_labels=(\w+)_(\w+)->(\w+)", rest)
     if not lab: return 0
@@ -199,18 +211,22 @@ def _flops(comp, ins) -> int:
     rhs = hlo_shapes(comp["shapes"].get(args[1], "")) if len(args) > 1 else []
     if op == "convolution": return _conv_flops(out[0][1], lhs[0][1], rhs[0][1], rest) if out and lhs and rhs else 0
     cd = re.search(r"lhs_contracting_dims=\{([0-9,]*)\}", rest)
-    return 2 * (math.prod(out[0][1]) if out else 0) * (math.prod(lhs[0][1][int(i)] for i in cd[1].split(",") if i) if cd and lhs else 1)
+    return 2 * (math.prod(out[0][1]) if out else 0) * (
+        math.prod(lhs[0][1][int(i)] for i in cd[1].split(",") if i) if cd and lhs else 1)
 
 # %% ../nbs/12a_hlo.ipynb #5339a196
 def _async_keys(comps: dict, ins) -> list[str]:
-    "Names of the collectives an async start begins: itself (`all-reduce-start`), or those in the computation an `async-start` wraps."
+    ("Names of the collectives an async start begins: itself (`all-reduce-start`), or those in the computation an "
+     "`async-start` wraps.")
     n, shape, op, rest = ins
     if op.removesuffix("-start") in COLLECTIVES: return [n]
     if op != "async-start": return []
-    return [i[0] for c in re.findall(r"calls=%?([\w.\-]+)", rest) for i in comps.get(c, {}).get("instrs", []) if i[2] in COLLECTIVES]
+    return [i[0] for c in re.findall(r"calls=%?([\w.\-]+)", rest)
+            for i in comps.get(c, {}).get("instrs", []) if i[2] in COLLECTIVES]
 
 def async_overlap(module) -> dict[str, int]:
-    "Each async collective of a compiled program (`parse_hlo`'s result) → FLOPs of one run of what is scheduled between its start and its done. Synchronous collectives are absent."
+    ("Each async collective of a compiled program (`parse_hlo`'s result) → FLOPs of one run of what is scheduled "
+     "between its start and its done. Synchronous collectives are absent.")
     comps, out = dict(module[0]), {}
     def flops(comp, ins):                                   # a matmul's own, or those of what it calls (× trip counts)
         total = [0]
@@ -234,7 +250,9 @@ def async_overlap(module) -> dict[str, int]:
 _ROOT_FUNCS = ("refresh_roots", "inverse_pth_root", "_newton_root", "_mat_pow", "max_eigenvalue")
 
 def hlo_profile(text: str, devices: int = 1, inexact_trips: int | None = None) -> dict:
-    "FLOPs and collectives of a compiled HLO module (per device), loop bodies × trip counts; split by part of the step; collectives as `[count, bytes, async bytes, FLOPs scheduled beside them]`. `inexact_trips`: count loops that stop on convergence this many times instead of their cap."
+    ("FLOPs and collectives of a compiled HLO module (per device), loop bodies × trip counts; split by part of the "
+     "step; collectives as `[count, bytes, async bytes, FLOPs scheduled beside them]`. `inexact_trips`: count loops "
+     "that stop on convergence this many times instead of their cap.")
     module = parse_hlo(text)
     stack, overlap = module[2], async_overlap(module)
     out = {"flops": {}, "collectives": {}, "loops": [], "inexact_loops": 0}

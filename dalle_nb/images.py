@@ -51,7 +51,8 @@ def show_images(images, titles=None, ncols: int | None = None, scale: float = 1.
     n = len(images)
     ncols = ncols or min(n, 8)
     nrows = math.ceil(n / ncols)
-    fig, axes = plt.subplots(nrows, ncols, figsize=(scale * ncols, scale * nrows + (0.35 if titles else 0) * nrows), squeeze=False)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(scale * ncols, scale * nrows + (0.35 if titles else 0) * nrows),
+                             squeeze=False)
     for i, ax in enumerate(axes.flat):
         ax.axis("off")
         if i < n:
@@ -66,8 +67,10 @@ _TEMP = re.compile(r"\..+\.(\d+)-[0-9a-f]{6}\.tmp")
 
 @contextlib.contextmanager
 def atomic_path(path, replace: bool = True):
-    "A temporary name beside `path`, unique to this writer: renamed to `path` if the block ends without error, else removed.\n\n"
-    "`replace=False`: `FileExistsError` rather than replace a file already there (a hard link: no race with another writer)."
+    ("A temporary name beside `path`, unique to this writer: renamed to `path` if the block ends without error, else "
+     "removed.\n\n"
+     "`replace=False`: `FileExistsError` rather than replace a file already there (a hard link: no race with another "
+     "writer).")
     path = Path(path)
     tmp = path.with_name(f".{path.name}.{os.getpid()}-{secrets.token_hex(3)}.tmp")
     try:
@@ -102,8 +105,9 @@ class ImageFileError(ValueError):
     "An image file that is missing or cannot be decoded."
 
 def save_png(image, path, text: dict | None = None, replace: bool = True) -> Path:
-    "Write one image as PNG, with `text` (str → str) in its text chunks; returns the path. Written whole or not at all (temp file + rename).\n\n"
-    "`replace=False`: `FileExistsError` if `path` exists (never another writer's file replaced)."
+    ("Write one image as PNG, with `text` (str → str) in its text chunks; returns the path. Written whole or not at "
+     "all (temp file + rename).\n\n"
+     "`replace=False`: `FileExistsError` if `path` exists (never another writer's file replaced).")
     from PIL.PngImagePlugin import PngInfo
     info = PngInfo()
     for k, v in (text or {}).items(): info.add_itxt(k, str(v))

@@ -25,7 +25,8 @@ YNN_FUSIONS = {"train": "-individual_convolution", "generate": "individual_dot"}
 _YNN_FLAG = re.compile(r"\s*--xla_cpu_experimental_ynn_fusion_type=(\S*)")
 
 def xla_cpu_defaults(purpose: str = "train", env=os.environ) -> str:
-    "Set `env['XLA_FLAGS']`'s YNNPACK fusions for `purpose` (`train` or `generate`; see above) unless you chose them; returns the flags."
+    ("Set `env['XLA_FLAGS']`'s YNNPACK fusions for `purpose` (`train` or `generate`; see above) unless you chose them; "
+     "returns the flags.")
     if purpose not in YNN_FUSIONS: raise ValueError(f"xla_cpu_defaults: unknown purpose {purpose!r}; choose from "
                                                     f"{sorted(YNN_FUSIONS)}")
     flags = env.get("XLA_FLAGS", "")
@@ -57,7 +58,8 @@ def param(rngs: nnx.Rngs, init, shape, axes, dtype="float32") -> nnx.Param:
                                                  f"names {axes}")
     bad = [a for a in axes if a is not None and a not in LOGICAL_AXES]
     if bad: raise ValueError(f"param: unknown logical axis name(s) {bad}; known: {LOGICAL_AXES}")
-    value = jax.ShapeDtypeStruct(tuple(shape), dtype_of(dtype)) if shapes_only() else init(rngs.params(), tuple(shape), dtype_of(dtype))
+    value = (jax.ShapeDtypeStruct(tuple(shape), dtype_of(dtype)) if shapes_only()
+             else init(rngs.params(), tuple(shape), dtype_of(dtype)))
     return nnx.Param(value, out_sharding=axes, eager_sharding=False)
 
 _SHAPES_ONLY = contextvars.ContextVar("dalle_nb_shapes_only", default=False)
@@ -67,7 +69,8 @@ def shapes_only() -> bool:
 
 # %% ../nbs/04_layers.ipynb #1738071e
 def abstract_module(make, trace: bool = False):
-    "What `nnx.eval_shape(make)` returns (parameters as `ShapeDtypeStruct`s) built without tracing; `trace`: by `nnx.eval_shape`."
+    ("What `nnx.eval_shape(make)` returns (parameters as `ShapeDtypeStruct`s) built without tracing; `trace`: by "
+     "`nnx.eval_shape`.")
     token = _SHAPES_ONLY.set(not trace)   # a traced build (for what needs arrays, such as `nnx.vmap`) draws values
     try: return nnx.eval_shape(make) if trace else make()
     finally: _SHAPES_ONLY.reset(token)
@@ -124,7 +127,8 @@ def quantize_rows(x, axis: int = -1):
     return jnp.round(x / scale).astype(jnp.int8), scale
 
 def served_kernel(w, quantize: str | None = None) -> tuple:
-    "`(kernel [..., out, in], scale [..., out] or None)` of an `(in, out)` kernel `w` (a loader's NumPy array, or the layer's own) in the serving form `quantize`."
+    ("`(kernel [..., out, in], scale [..., out] or None)` of an `(in, out)` kernel `w` (a loader's NumPy array, or the "
+     "layer's own) in the serving form `quantize`.")
     if quantize not in QUANTIZE: raise ValueError(f"quantize must be one of {QUANTIZE}, got {quantize!r}")
     return _served_kernel(w, quantize)
 
@@ -139,8 +143,9 @@ def _served_kernel(w, quantize):
 # %% ../nbs/04_layers.ipynb #d5830dea
 @patch_to(Linear)
 def serve(self: Linear, quantize: str | None = None, kernel=None) -> Linear:
-    "Store the kernel `[out, in]` for generating: float32 (`None`), `'bfloat16'`, or `'int8'` with a scale per output channel.\n\n"
-    "`kernel`: the `(in, out)` values to serve (a loader's, for an abstract layer); default the layer's own."
+    ("Store the kernel `[out, in]` for generating: float32 (`None`), `'bfloat16'`, or `'int8'` with a scale per output "
+     "channel.\n\n"
+     "`kernel`: the `(in, out)` values to serve (a loader's, for an abstract layer); default the layer's own.")
     if self.served: raise ValueError("this Linear is already in its serving form")
     w, scale = served_kernel(self.kernel[...] if kernel is None else kernel, quantize)
     if scale is not None: self.scale = nnx.data(nnx.Param(scale))              # was a static None
@@ -173,7 +178,8 @@ class Embed(nnx.Module):
 
 # %% ../nbs/04_layers.ipynb #4d1dd09b
 def serve_all(module: nnx.Module, quantize: str | None = None) -> nnx.Module:
-    "Every `Linear` of `module` in its serving form (`Linear.serve`), embedding tables bfloat16 when quantizing; in place."
+    ("Every `Linear` of `module` in its serving form (`Linear.serve`), embedding tables bfloat16 when quantizing; in "
+     "place.")
     for m in [m for _, m in nnx.iter_graph(module) if isinstance(m, (Linear, Embed))]:
         if isinstance(m, Linear) and not m.served: m.serve(quantize)
         elif isinstance(m, Embed) and quantize: m.embedding = nnx.Param(m.embedding[...].astype(jnp.bfloat16))

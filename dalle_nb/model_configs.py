@@ -30,17 +30,23 @@ class VQGANConfig:
     norm_groups: int = 8              # GroupNorm groups (32 in the published model)
     norm_eps: float = 1e-6
     beta: float = 0.25                # commitment loss weight
-    restart_until: int = -200         # training: dead codes re-seeded every 100 steps before this step (negative: counted back from the last)
-    signed_input: bool = True         # encoder reads images mapped to [-1, 1]; False: [0, 1], as dalle-mini encoded its data
+    restart_until: int = -200         # training: dead codes re-seeded every 100 steps before this step (negative:
+                                      #   counted back from the last)
+    signed_input: bool = True         # encoder reads images mapped to [-1, 1]; False: [0, 1], as dalle-mini encoded
+                                      #   its data
     decoder_only: bool = False        # no encoder / quant_conv (min-dalle ships only the decoder, `detoker.pt`)
-    color_codes: int = 0              # > 0: factored tokens, per patch an outline code (of n_embed) then a colour code (of these)
+    color_codes: int = 0              # > 0: factored tokens, per patch an outline code (of n_embed) then a colour code
+                                      #   (of these)
     dtype: str = "float32"
 
     def __post_init__(self):
         if self.color_codes < 0: raise ValueError(f"VQGANConfig: color_codes must be >= 0, got {self.color_codes}")
-        if self.resolution % self.factor: raise ValueError(f"VQGANConfig: resolution {self.resolution} is not divisible by the downsampling factor {self.factor}")
+        if self.resolution % self.factor:
+            raise ValueError(f"VQGANConfig: resolution {self.resolution} is not divisible by the downsampling factor "
+                             f"{self.factor}")
         for c in {self.ch * m for m in self.ch_mult} | {self.z_channels}:
-            if c % self.norm_groups: raise ValueError(f"VQGANConfig: {c} channels are not divisible by norm_groups={self.norm_groups}")
+            if c % self.norm_groups:
+                raise ValueError(f"VQGANConfig: {c} channels are not divisible by norm_groups={self.norm_groups}")
 
     @property
     def factor(self) -> int: return self.patch * 2 ** (len(self.ch_mult) - 1)
@@ -56,8 +62,9 @@ class VQGANConfig:
 # %% ../nbs/00a_model_configs.ipynb #a72f270f
 LN_TYPES = ("layernorm", "rmsnorm")
 LN_POSITIONS = ("normformer", "preln", "postln")
-REMATS = ("none", "full", "outputs", "dots")   # per-layer gradient checkpointing: off, everything recomputed, sub-layer outputs kept,
-                                                #   every matmul output kept (element-wise work and attention recomputed)
+# per-layer gradient checkpointing: off, everything recomputed, sub-layer outputs kept,
+# every matmul output kept (element-wise work and attention recomputed)
+REMATS = ("none", "full", "outputs", "dots")
 TEXT_NORMALIZERS = ("dalle_nb", "dalle_mini", "none")   # see dalle_nb.text: this package's rules, dalle-mini's, none
 
 @dataclass(frozen=True)
@@ -81,19 +88,28 @@ class BartConfig:
     pad_id: int = 1                   # text padding id
     text_normalizer: str = "dalle_nb"  # caption cleaning the model was trained with: dalle_nb | dalle_mini | none
     scan_layers: bool = True          # stack layers and run them with nnx.scan
-    remat: str = "none"               # none | full | outputs | dots  (gradient checkpointing per layer; outputs: keep sub-layer outputs)
-    attention: str = "einsum"         # full-sequence attention: einsum (XLA's) | fused (jax.nn.dot_product_attention: cuDNN on GPUs)
+    remat: str = "none"               # none | full | outputs | dots  (gradient checkpointing per layer; outputs: keep
+                                      #   sub-layer outputs)
+    attention: str = "einsum"         # full-sequence attention: einsum (XLA's) | fused (jax.nn.dot_product_attention:
+                                      #   cuDNN on GPUs)
     dtype: str = "float32"            # compute dtype (bfloat16 on accelerators)
     param_dtype: str = "float32"
 
     def __post_init__(self):
-        if self.d_model % self.heads: raise ValueError(f"BartConfig: d_model={self.d_model} is not divisible by heads={self.heads}")
-        if self.image_vocab < self.image_codes: raise ValueError(f"BartConfig: image_vocab={self.image_vocab} < image_codes={self.image_codes}")
-        if self.ln_type not in LN_TYPES: raise ValueError(f"BartConfig: ln_type must be one of {LN_TYPES}, got {self.ln_type!r}")
-        if self.ln_positions not in LN_POSITIONS: raise ValueError(f"BartConfig: ln_positions must be one of {LN_POSITIONS}, got {self.ln_positions!r}")
+        if self.d_model % self.heads:
+            raise ValueError(f"BartConfig: d_model={self.d_model} is not divisible by heads={self.heads}")
+        if self.image_vocab < self.image_codes:
+            raise ValueError(f"BartConfig: image_vocab={self.image_vocab} < image_codes={self.image_codes}")
+        if self.ln_type not in LN_TYPES:
+            raise ValueError(f"BartConfig: ln_type must be one of {LN_TYPES}, got {self.ln_type!r}")
+        if self.ln_positions not in LN_POSITIONS:
+            raise ValueError(f"BartConfig: ln_positions must be one of {LN_POSITIONS}, got {self.ln_positions!r}")
         if self.remat not in REMATS: raise ValueError(f"BartConfig: remat must be one of {REMATS}, got {self.remat!r}")
-        if self.attention not in ("einsum", "fused"): raise ValueError(f"BartConfig: attention must be einsum or fused, got {self.attention!r}")
-        if self.text_normalizer not in TEXT_NORMALIZERS: raise ValueError(f"BartConfig: text_normalizer must be one of {TEXT_NORMALIZERS}, got {self.text_normalizer!r}")
+        if self.attention not in ("einsum", "fused"):
+            raise ValueError(f"BartConfig: attention must be einsum or fused, got {self.attention!r}")
+        if self.text_normalizer not in TEXT_NORMALIZERS:
+            raise ValueError(f"BartConfig: text_normalizer must be one of {TEXT_NORMALIZERS}, got "
+                             f"{self.text_normalizer!r}")
 
 # %% ../nbs/00a_model_configs.ipynb #ca2e322e
 @patch(as_prop=True)
@@ -131,7 +147,8 @@ class CLIPConfig:
     dtype: str = "float32"
 
     def __post_init__(self):
-        if self.image_size % self.patch_size: raise ValueError(f"CLIPConfig: image_size={self.image_size} not divisible by patch_size={self.patch_size}")
+        if self.image_size % self.patch_size:
+            raise ValueError(f"CLIPConfig: image_size={self.image_size} not divisible by patch_size={self.patch_size}")
         for w, h, n in ((self.vision_width, self.vision_heads, "vision"), (self.text_width, self.text_heads, "text")):
             if w % h: raise ValueError(f"CLIPConfig: {n}_width={w} not divisible by {n}_heads={h}")
 
@@ -159,17 +176,28 @@ class DVAEConfig:
     tau_steps: int = 1000             # ... over this many steps (paper 150,000)
     kl_weight: float = 6.6            # β after warm-up (the paper's 6.6)
     kl_warmup_steps: int = 500        # β rises (cosine) from 0 over this many steps (paper 5,000)
-    usage_weight: float = 0.0         # w · KL(codes' average posterior over batch and grid ‖ uniform); not in the paper (0)
+    usage_weight: float = 0.0         # w · KL(codes' average posterior over batch and grid ‖ uniform); not in the
+                                      #   paper (0)
     dtype: str = "float32"
 
     def __post_init__(self):
-        if self.recon not in RECON_LOSSES: raise ValueError(f"DVAEConfig: recon must be one of {RECON_LOSSES}, got {self.recon!r}")
-        if self.group_count < 1 or self.n_blk_per_group < 1: raise ValueError("DVAEConfig: group_count >= 1 and n_blk_per_group >= 1 are required")
-        if self.resolution % self.factor: raise ValueError(f"DVAEConfig: resolution {self.resolution} is not divisible by the downsampling factor {self.factor}")
-        if self.n_hid % 4 or self.n_init % 4: raise ValueError(f"DVAEConfig: n_hid={self.n_hid} and n_init={self.n_init} must be multiples of 4 (blocks are n_out/4 wide inside)")
-        if not 0 < self.logit_laplace_eps < 0.5: raise ValueError(f"DVAEConfig: logit_laplace_eps={self.logit_laplace_eps} is not in (0, 0.5)")
-        if not 0 < self.tau_end <= self.tau_start: raise ValueError(f"DVAEConfig: need 0 < tau_end <= tau_start, got {self.tau_end}, {self.tau_start}")
-        if self.kl_weight < 0 or self.usage_weight < 0: raise ValueError(f"DVAEConfig: kl_weight={self.kl_weight} and usage_weight={self.usage_weight} must be >= 0")
+        if self.recon not in RECON_LOSSES:
+            raise ValueError(f"DVAEConfig: recon must be one of {RECON_LOSSES}, got {self.recon!r}")
+        if self.group_count < 1 or self.n_blk_per_group < 1:
+            raise ValueError("DVAEConfig: group_count >= 1 and n_blk_per_group >= 1 are required")
+        if self.resolution % self.factor:
+            raise ValueError(f"DVAEConfig: resolution {self.resolution} is not divisible by the downsampling factor "
+                             f"{self.factor}")
+        if self.n_hid % 4 or self.n_init % 4:
+            raise ValueError(f"DVAEConfig: n_hid={self.n_hid} and n_init={self.n_init} must be multiples of 4 (blocks "
+                             "are n_out/4 wide inside)")
+        if not 0 < self.logit_laplace_eps < 0.5:
+            raise ValueError(f"DVAEConfig: logit_laplace_eps={self.logit_laplace_eps} is not in (0, 0.5)")
+        if not 0 < self.tau_end <= self.tau_start:
+            raise ValueError(f"DVAEConfig: need 0 < tau_end <= tau_start, got {self.tau_end}, {self.tau_start}")
+        if self.kl_weight < 0 or self.usage_weight < 0:
+            raise ValueError(f"DVAEConfig: kl_weight={self.kl_weight} and usage_weight={self.usage_weight} "
+                             "must be >= 0")
 
 # %% ../nbs/00a_model_configs.ipynb #15138523
 @patch(as_prop=True)
@@ -221,20 +249,25 @@ class DalleConfig:
     param_dtype: str = "float32"
 
     def __post_init__(self):
-        if self.d_model % self.heads: raise ValueError(f"DalleConfig: d_model={self.d_model} is not divisible by heads={self.heads}")
-        if self.conv_kernel < 1 or self.conv_kernel % 2 == 0: raise ValueError(f"DalleConfig: conv_kernel must be odd and positive, got {self.conv_kernel}")
-        if not 0 <= self.text_loss_weight <= 1: raise ValueError(f"DalleConfig: text_loss_weight={self.text_loss_weight} is not in [0, 1]")
+        if self.d_model % self.heads:
+            raise ValueError(f"DalleConfig: d_model={self.d_model} is not divisible by heads={self.heads}")
+        if self.conv_kernel < 1 or self.conv_kernel % 2 == 0:
+            raise ValueError(f"DalleConfig: conv_kernel must be odd and positive, got {self.conv_kernel}")
+        if not 0 <= self.text_loss_weight <= 1:
+            raise ValueError(f"DalleConfig: text_loss_weight={self.text_loss_weight} is not in [0, 1]")
         kinds = self.layer_kinds
         bad = [k for k in kinds if k not in ATTN_KINDS]
         if bad: raise ValueError(f"DalleConfig: unknown attention kind(s) {bad}; choose from {ATTN_KINDS}")
-        if len(kinds) != self.layers: raise ValueError(f"DalleConfig: attn_types lists {len(kinds)} kinds for {self.layers} layers")
+        if len(kinds) != self.layers:
+            raise ValueError(f"DalleConfig: attn_types lists {len(kinds)} kinds for {self.layers} layers")
 
 # %% ../nbs/00a_model_configs.ipynb #f216c8bf
 @patch(as_prop=True)
 def layer_kinds(self: DalleConfig) -> tuple:
     "The attention kind of each layer: `attn_types`, or the paper's rule."
     if self.attn_types.strip(): return tuple(k.strip() for k in self.attn_types.split(","))
-    return tuple("conv" if i == self.layers else "column" if (i - 2) % 4 == 0 else "row" for i in range(1, self.layers + 1))
+    return tuple("conv" if i == self.layers else "column" if (i - 2) % 4 == 0 else "row"
+                 for i in range(1, self.layers + 1))
 
 @patch(as_prop=True)
 def image_len(self: DalleConfig) -> int:
@@ -254,8 +287,8 @@ def head_dim(self: DalleConfig) -> int:
 # %% ../nbs/00a_model_configs.ipynb #cbe0dfbd
 F16_VQGAN = VQGANConfig(resolution=256, ch=128, ch_mult=(1, 1, 2, 2, 4), num_res_blocks=2, attn_resolutions=(16,),
                         z_channels=256, embed_dim=256, n_embed=16384, norm_groups=32, norm_eps=1e-6, signed_input=False)
-CLIP_VIT_B32 = CLIPConfig(embed_dim=512, image_size=224, patch_size=32, vision_width=768, vision_layers=12, vision_heads=12,
-                          vision_mlp=3072, text_vocab=49408, text_len=77, text_width=512, text_layers=12, text_heads=8,
-                          text_mlp=2048, act="quick_gelu", pad_id=49407, eos_id=49407)
-PAPER_DVAE = DVAEConfig(resolution=256, patch=1, n_hid=256, group_count=4, n_blk_per_group=2, n_init=128, vocab_size=8192,
-                        tau_steps=150_000, kl_warmup_steps=5_000)
+CLIP_VIT_B32 = CLIPConfig(embed_dim=512, image_size=224, patch_size=32, vision_width=768, vision_layers=12,
+                          vision_heads=12, vision_mlp=3072, text_vocab=49408, text_len=77, text_width=512,
+                          text_layers=12, text_heads=8, text_mlp=2048, act="quick_gelu", pad_id=49407, eos_id=49407)
+PAPER_DVAE = DVAEConfig(resolution=256, patch=1, n_hid=256, group_count=4, n_blk_per_group=2, n_init=128,
+                        vocab_size=8192, tau_steps=150_000, kl_warmup_steps=5_000)

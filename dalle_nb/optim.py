@@ -24,7 +24,8 @@ def _one_run(cfg: StageConfig, steps: int) -> optax.Schedule:
     return optax.join_schedules([rise, after], [warm])
 
 def lr_schedule(cfg: StageConfig) -> optax.Schedule:
-    "Linear warm-up from 0 to `cfg.lr` over `warmup_steps`, then constant or cosine decay to `min_lr_ratio * lr`; before each of `extended_from`'s lengths, a run that long's schedule."
+    ("Linear warm-up from 0 to `cfg.lr` over `warmup_steps`, then constant or cosine decay to `min_lr_ratio * lr`; "
+     "before each of `extended_from`'s lengths, a run that long's schedule.")
     final = _one_run(cfg, cfg.steps)
     if not cfg.extended_from: return final
     earlier = [(n, _one_run(cfg, n)) for n in cfg.extended_from]

@@ -17,25 +17,29 @@ __all__ = ['orthogonalize', 'PowerSGDState', 'GradReduction', 'compressible', 'm
 
 # %% ../nbs/19a_powersgd.ipynb #e4d3756d
 def orthogonalize(p, rtol: float = 1e-4):
-    "Columns of `p` `[n, r]` made orthonormal by a QR decomposition (a column with nothing left beyond the earlier ones becomes zero)."
+    ("Columns of `p` `[n, r]` made orthonormal by a QR decomposition (a column with nothing left beyond the earlier "
+     "ones becomes zero).")
     q, r = jnp.linalg.qr(p.astype(jnp.float32))
     keep = jnp.abs(jnp.diagonal(r)) > rtol * jnp.linalg.norm(p, axis=0) + 1e-30
     return jnp.where(keep, q, 0.0)
 
 # %% ../nbs/19a_powersgd.ipynb #f91fb74c
 class PowerSGDState(NamedTuple):
-    "PowerSGD's state: a Q `[m, r]` per compressed gradient (replicated), its error buffer `[replicas, *shape]` (one per replica), a step count."
+    ("PowerSGD's state: a Q `[m, r]` per compressed gradient (replicated), its error buffer `[replicas, *shape]` (one "
+     "per replica), a step count.")
     q: tuple
     error: tuple
     count: jax.Array
 
 class GradReduction(NamedTuple):
-    "How a train step turns per-replica gradients (leading axis: the replicas) into one: `init(params, replicas)`, `update(stacked, state) -> (grads, state)`."
+    ("How a train step turns per-replica gradients (leading axis: the replicas) into one: `init(params, replicas)`, "
+     "`update(stacked, state) -> (grads, state)`.")
     init: Callable
     update: Callable
 
 def compressible(shape, rank: int) -> bool:
-    "Whether a gradient of `shape` is sent compressed: two or more axes, and `(n + m)·rank < n·m` for `n = prod(leading axes)`, `m` the last."
+    ("Whether a gradient of `shape` is sent compressed: two or more axes, and `(n + m)·rank < n·m` for `n = "
+     "prod(leading axes)`, `m` the last.")
     if len(shape) < 2: return False
     n, m = int(np.prod(shape[:-1])), int(shape[-1])
     return (n + m) * rank < n * m
@@ -47,7 +51,8 @@ def mean_reduction() -> GradReduction:
 
 # %% ../nbs/19a_powersgd.ipynb #02d41ced
 def powersgd(rank: int, error_feedback: bool = True, seed: int = 0) -> GradReduction:
-    "PowerSGD of rank `rank` as a `GradReduction`: the compressible gradients sent as P and Q, the rest averaged as they are."
+    ("PowerSGD of rank `rank` as a `GradReduction`: the compressible gradients sent as P and Q, the rest averaged as "
+     "they are.")
     if rank < 1: raise ValueError(f"powersgd: rank must be >= 1, got {rank}")
     def init(params, replicas: int):
         packed = [x for x in jax.tree.leaves(params) if compressible(x.shape, rank)]
@@ -75,7 +80,8 @@ def powersgd(rank: int, error_feedback: bool = True, seed: int = 0) -> GradReduc
 
 # %% ../nbs/19a_powersgd.ipynb #2b09817e
 def state_shardings(state: PowerSGDState, params, param_shardings, axis: str = "dp") -> PowerSGDState:
-    "Shardings of `state` for `params` laid out by `param_shardings`: Q replicated; an error buffer split over `axis` on its replica axis, like its parameter on the rest."
+    ("Shardings of `state` for `params` laid out by `param_shardings`: Q replicated; an error buffer split over `axis` "
+     "on its replica axis, like its parameter on the rest.")
     shards = jax.tree.leaves(param_shardings)
     rep = NamedSharding(shards[0].mesh, P())
     rank = state.q[0].shape[-1] if state.q else 0

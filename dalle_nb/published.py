@@ -45,11 +45,13 @@ def save_transformers_clip(directory, clip: CLIP, clip_text: TextEncoder | None 
 def _text_encoder(directory: Path, cfg: BartConfig) -> TextEncoder:
     "The BART tokenizer of a published folder, checked against the text embedding."
     try: tok = bart_tokenizer(directory / "vocab.json", directory / "merges.txt", max_id=cfg.text_vocab)
-    except TokenizerFileError as e: raise ConvertError(f"{e} (the BART's text embedding has {cfg.text_vocab} rows)") from None
+    except TokenizerFileError as e:
+        raise ConvertError(f"{e} (the BART's text embedding has {cfg.text_vocab} rows)") from None
     return TextEncoder(tok, max_len=cfg.max_text_len, normalizer=cfg.text_normalizer)
 
 def load_clip(directory) -> tuple[CLIP, TextEncoder]:
-    "transformers' CLIP folder (`config.json`, `model.safetensors` or `pytorch_model.bin`, tokenizer) → our CLIP and its tokenizer."
+    ("transformers' CLIP folder (`config.json`, `model.safetensors` or `pytorch_model.bin`, tokenizer) → our CLIP and "
+     "its tokenizer.")
     from tokenizers import Tokenizer
     directory = Path(directory)
     cfg = clip_config_from_transformers(read_json(directory / "config.json"), directory / "config.json")
@@ -92,7 +94,8 @@ def _run_config(name: str, vqgan: VQGAN, bart_cfg: BartConfig, clip: CLIP | None
 # %% ../nbs/09b_published.ipynb #c5d3056d
 def load_min_dalle(directory, vqgan=None, clip=None, heads: int | None = None,
                    vqgan_cfg: VQGANConfig | None = None) -> Models:
-    "min-dalle's folder (`encoder.pt`, `decoder.pt`, `vocab.json`, `merges.txt`; `detoker.pt` here or in `../vqgan`) → `Models`."
+    ("min-dalle's folder (`encoder.pt`, `decoder.pt`, `vocab.json`, `merges.txt`; `detoker.pt` here or in `../vqgan`) "
+     "→ `Models`.")
     directory = Path(directory)
     if not directory.is_dir(): raise ConvertError(f"{directory}: no such directory")
     enc, dec = read_torch(directory / "encoder.pt"), read_torch(directory / "decoder.pt")

@@ -86,8 +86,8 @@ def caption_runs(*ids) -> int:
 
 def _start(model: DalleBart | DalleTransformer, text_ids, blank_ids, guided: bool, runs: int = 1, cache=None,
            length=None) -> dict:
-    "The loop's state before the first image token: the caption rows (and blank rows, guided) encoded into the KV\n\n"
-    "cache, one per run of `runs` rows; the self-attention cache in `cache` (a `CACHE_DTYPES` name), `length` long."
+    ("The loop's state before the first image token: the caption rows (and blank rows, guided) encoded into the KV "
+     "cache, one per run of `runs` rows; the self-attention cache in `cache` (a `CACHE_DTYPES` name), `length` long.")
     rows = jnp.concatenate([text_ids, blank_ids]) if guided else text_ids
     if isinstance(model, DalleTransformer):                       # decoder-only: the caption fills the cache once
         logits, kv = model.prefill(rows)
@@ -102,7 +102,8 @@ def _steps(model, state: dict, ts, keys, prefix, n_keep, cond_scale, temperature
            top_k: int, guided: bool, nucleus: bool, guard: bool, prefixed: bool):
     "Draw the image tokens at positions `ts` for every row: `(new state, ids [B, len(ts)])`."
     def draw(logits, t):
-        tok = _draw(logits, t, keys, model.cfg.image_codes, cond_scale, temperature, top_p, plausibility, top_k, guided, nucleus, guard)
+        tok = _draw(logits, t, keys, model.cfg.image_codes, cond_scale, temperature, top_p, plausibility, top_k, guided,
+                    nucleus, guard)
         return jnp.where(t < n_keep, prefix[:, t], tok) if prefixed else tok   # image prompt: the given tokens
     both = lambda tok: jnp.concatenate([tok, tok]) if guided else tok
     if isinstance(model, DalleTransformer):
@@ -123,8 +124,8 @@ def _steps(model, state: dict, ts, keys, prefix, n_keep, cond_scale, temperature
 
 # %% ../nbs/07_sample.ipynb #052f40a6
 def _generate(model, text_ids, blank_ids, keys, prefix, *traced, runs: int = 1, cache=None, stages: int = 1, **static):
-    "Every image token in one program: `_start`, then `_steps` over the `image_len` positions in `stages` stages;\n\n"
-    "the BART's cache grows at each stage to the positions the stage reaches, so a token step reads only those."
+    ("Every image token in one program: `_start`, then `_steps` over the `image_len` positions in `stages` stages; "
+     "the BART's cache grows at each stage to the positions the stage reaches, so a token step reads only those.")
     n, bart = model.cfg.image_len, isinstance(model, DalleBart)
     ends = [n * (s + 1) // stages for s in range(stages)] if bart else [n]
     state = _start(model, text_ids, blank_ids, static["guided"], runs, cache, ends[0] if bart else None)
@@ -146,31 +147,39 @@ _steps_jit = nnx.jit(_steps, static_argnames=_STATIC, donate_argnames=("state",)
 # %% ../nbs/07_sample.ipynb #74788cb7
 def _checked(model, text_ids, keys, blank_ids, cond_scale, temperature, top_k, top_p, plausibility, prefix, keep):
     "Validate `generate`'s arguments: `(text_ids, blank_ids, prefix, traced settings, static settings)`."
-    if not isinstance(model, (DalleBart, DalleTransformer)): raise TypeError(f"generate: expected a DalleBart or a DalleTransformer, got {type(model).__name__}")
+    if not isinstance(model, (DalleBart, DalleTransformer)):
+        raise TypeError(f"generate: expected a DalleBart or a DalleTransformer, got {type(model).__name__}")
     text_ids = jnp.asarray(text_ids, jnp.int32)
     if text_ids.ndim != 2: raise ValueError(f"generate: text_ids must be [B, S], got shape {text_ids.shape}")
-    if keys.shape[0] != text_ids.shape[0]: raise ValueError(f"generate: {text_ids.shape[0]} rows but {keys.shape[0]} keys")
+    if keys.shape[0] != text_ids.shape[0]:
+        raise ValueError(f"generate: {text_ids.shape[0]} rows but {keys.shape[0]} keys")
     if top_k < 0: raise ValueError(f"generate: top_k must be >= 0, got {top_k}")
     if not 0 < top_p <= 1: raise ValueError(f"generate: top_p must be in (0, 1], got {top_p}")
-    if not 0 < temperature < np.inf: raise ValueError(f"generate: temperature must be a finite number > 0, got {temperature}")
+    if not 0 < temperature < np.inf:
+        raise ValueError(f"generate: temperature must be a finite number > 0, got {temperature}")
     if not 0 <= plausibility <= 1: raise ValueError(f"generate: plausibility must be in [0, 1], got {plausibility}")
     if not np.isfinite(cond_scale): raise ValueError(f"generate: cond_scale must be a finite number, got {cond_scale}")
     guided = float(cond_scale) != 1.0
-    if guided and blank_ids is None: raise ValueError("generate: cond_scale != 1 needs blank_ids (the empty caption's ids)")
+    if guided and blank_ids is None:
+        raise ValueError("generate: cond_scale != 1 needs blank_ids (the empty caption's ids)")
     blank_ids = jnp.asarray(blank_ids if guided else text_ids, jnp.int32)
-    if blank_ids.shape != text_ids.shape: raise ValueError(f"generate: blank_ids shape {blank_ids.shape} != text_ids shape {text_ids.shape}")
+    if blank_ids.shape != text_ids.shape:
+        raise ValueError(f"generate: blank_ids shape {blank_ids.shape} != text_ids shape {text_ids.shape}")
     n = model.cfg.image_len
     if not 0 <= keep <= n: raise ValueError(f"generate: keep must be between 0 and image_len={n}, got {keep}")
     if keep:
         if prefix is None: raise ValueError("generate: keep > 0 needs prefix (the image prompt's token ids)")
         prefix = jnp.asarray(prefix, jnp.int32)
-        if prefix.shape != (text_ids.shape[0], n): raise ValueError(f"generate: prefix must be [{text_ids.shape[0]}, {n}] token ids, got shape {prefix.shape}")
+        if prefix.shape != (text_ids.shape[0], n):
+            raise ValueError(f"generate: prefix must be [{text_ids.shape[0]}, {n}] token ids, got shape {prefix.shape}")
         if int(prefix[:, :keep].min()) < 0 or int(prefix[:, :keep].max()) >= model.cfg.image_codes:
             raise ValueError(f"generate: prefix ids must be in [0, {model.cfg.image_codes})")
     else:
         prefix = jnp.zeros((1, 1), jnp.int32)                  # unused: the loop compiles without the prompt
-    traced = (jnp.int32(keep), jnp.float32(cond_scale), jnp.float32(temperature), jnp.float32(top_p), jnp.float32(max(plausibility, 1e-30)))
-    static = dict(top_k=int(top_k), guided=guided, nucleus=float(top_p) < 1.0, guard=float(plausibility) > 0, prefixed=keep > 0)
+    traced = (jnp.int32(keep), jnp.float32(cond_scale), jnp.float32(temperature), jnp.float32(top_p),
+              jnp.float32(max(plausibility, 1e-30)))
+    static = dict(top_k=int(top_k), guided=guided, nucleus=float(top_p) < 1.0, guard=float(plausibility) > 0,
+                  prefixed=keep > 0)
     return text_ids, blank_ids, prefix, traced, static
 
 # %% ../nbs/07_sample.ipynb #3b5e7a10
@@ -183,8 +192,8 @@ def default_layout() -> dict:
     return DEFAULT_LAYOUT["cpu" if jax.default_backend() == "cpu" else "accelerator"]
 
 def _layout(model, text_ids, blank_ids, guided: bool, cache=None, stages=None, runs=None) -> tuple[dict, int]:
-    "The cache's static layout `(dict(runs, cache), stages)` for these rows: this backend's defaults where `None`;\n\n"
-    "`runs` (rows per caption) found from the ids where `None`, which must then be concrete (not traced)."
+    ("The cache's static layout `(dict(runs, cache), stages)` for these rows: this backend's defaults where `None`; "
+     "`runs` (rows per caption) found from the ids where `None`, which must then be concrete (not traced).")
     default = default_layout()
     cache, stages = cache or default["cache"], default["stages"] if stages is None else stages
     if cache not in CACHE_DTYPES:
@@ -200,38 +209,41 @@ def _layout(model, text_ids, blank_ids, guided: bool, cache=None, stages=None, r
 
 # %% ../nbs/07_sample.ipynb #0271727d
 def generate(model: DalleBart | DalleTransformer, text_ids, keys, *, blank_ids=None, cond_scale: float = 1.0,
-             temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, plausibility: float = 0.0, prefix=None, keep: int = 0,
-             cache: str | None = None, stages: int | None = None, runs: int | None = None):
-    "Sample image token ids `[B, image_len]` for `B` rows of text ids, one PRNG key per row, in one compiled program; the first `keep` tokens are `prefix`'s.\n\n"
-    "`cache`: the BART's self-attention cache, one of `CACHE_DTYPES`; `stages`: how many times it grows\n\n"
-    "(`DEFAULT_LAYOUT` where `None`); `runs`: rows per caption (found from the ids where `None`; give it to trace them)."
-    text_ids, blank_ids, prefix, traced, static = _checked(model, text_ids, keys, blank_ids, cond_scale, temperature, top_k, top_p,
-                                                           plausibility, prefix, keep)
+             temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, plausibility: float = 0.0, prefix=None,
+             keep: int = 0, cache: str | None = None, stages: int | None = None, runs: int | None = None):
+    ("Sample image token ids `[B, image_len]` for `B` rows of text ids, one PRNG key per row, in one compiled program; "
+     "the first `keep` tokens are `prefix`'s.\n\n"
+     "`cache`: the BART's self-attention cache, one of `CACHE_DTYPES`; `stages`: how many times it grows "
+     "(`DEFAULT_LAYOUT` where `None`); `runs`: rows per caption (found from the ids where `None`; give it to trace "
+     "them).")
+    text_ids, blank_ids, prefix, traced, static = _checked(model, text_ids, keys, blank_ids, cond_scale, temperature,
+                                                           top_k, top_p, plausibility, prefix, keep)
     layout, stages = _layout(model, text_ids, blank_ids, static["guided"], cache, stages, runs)
     return _generate_jit(model, text_ids, blank_ids, keys, prefix, *traced, **static, **layout, stages=stages)
 
 # %% ../nbs/07_sample.ipynb #074988c2
-def generate_steps(model: DalleBart | DalleTransformer, text_ids, keys, *, every: int, blank_ids=None, cond_scale: float = 1.0,
-                   temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, plausibility: float = 0.0, prefix=None, keep: int = 0,
-                   cache: str | None = None):
-    "`generate` in pieces of `every` tokens: yields `(t, ids [B, t])`, the tokens drawn so far, after each piece,\n\n"
-    "ending at `t = image_len` (the cache whole-length: one program for every piece)."
+def generate_steps(model: DalleBart | DalleTransformer, text_ids, keys, *, every: int, blank_ids=None,
+                   cond_scale: float = 1.0, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
+                   plausibility: float = 0.0, prefix=None, keep: int = 0, cache: str | None = None):
+    ("`generate` in pieces of `every` tokens: yields `(t, ids [B, t])`, the tokens drawn so far, after each piece, "
+     "ending at `t = image_len` (the cache whole-length: one program for every piece).")
     if isinstance(every, bool) or not isinstance(every, (int, np.integer)) or every < 1:
         raise ValueError(f"generate_steps: every must be a positive number of tokens, got {every!r}")
-    text_ids, blank_ids, prefix, traced, static = _checked(model, text_ids, keys, blank_ids, cond_scale, temperature, top_k, top_p,
-                                                           plausibility, prefix, keep)
+    text_ids, blank_ids, prefix, traced, static = _checked(model, text_ids, keys, blank_ids, cond_scale, temperature,
+                                                           top_k, top_p, plausibility, prefix, keep)
     layout, _ = _layout(model, text_ids, blank_ids, static["guided"], cache)
     state, n, drawn = _start_jit(model, text_ids, blank_ids, guided=static["guided"], **layout), model.cfg.image_len, []
     for t0 in range(0, n, every):
-        state, toks = _steps_jit(model, state, jnp.arange(t0, min(t0 + every, n), dtype=jnp.int32), keys, prefix, *traced, **static)
+        state, toks = _steps_jit(model, state, jnp.arange(t0, min(t0 + every, n), dtype=jnp.int32), keys, prefix,
+                                 *traced, **static)
         drawn.append(np.asarray(toks))
         yield t0 + drawn[-1].shape[1], np.concatenate(drawn, axis=1)
 
 # %% ../nbs/07_sample.ipynb #2211712b
 def state_bytes(model: DalleBart | DalleTransformer, rows: int, guided: bool = True, cache: str | None = None,
                 runs: int = 1) -> int:
-    "Bytes of the decode loop's state for `rows` images: KV cache (in `cache`, default this backend's) and the\n\n"
-    "captions' keys/values (both halves when guided; one per run of `runs` rows, default 1: each row its own)."
+    ("Bytes of the decode loop's state for `rows` images: KV cache (in `cache`, default this backend's) and the "
+     "captions' keys/values (both halves when guided; one per run of `runs` rows, default 1: each row its own).")
     S = model.cfg.max_text_len if isinstance(model, DalleBart) else model.cfg.text_len
     text = jax.ShapeDtypeStruct((rows, S), jnp.int32)
     cache = cache or default_layout()["cache"]

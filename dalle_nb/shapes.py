@@ -118,7 +118,8 @@ def make_scene(rng, split: str = "train", n_objects: int | None = None):
 
 # %% ../nbs/03_shapes.ipynb #3416084c
 def make_split(split: str, n: int, seed: int = 0):
-    "`n` images (uint8 `[n, 64, 64, 3]`) and captions of `split` ('train', 'val' or 'heldout'), deterministic in `seed`."
+    ("`n` images (uint8 `[n, 64, 64, 3]`) and captions of `split` ('train', 'val' or 'heldout'), deterministic in "
+     "`seed`.")
     if split not in SPLITS: raise ValueError(f"unknown split {split!r}; choose from {list(SPLITS)}")
     if n < 0: raise ValueError(f"n must be >= 0, got {n}")
     rng = np.random.default_rng([seed, SPLITS[split]])
@@ -163,7 +164,8 @@ def _nearest_colour(img, max_dist: float):
 
 # %% ../nbs/03_shapes.ipynb #5972ad93
 def _seen(name: str, ys, xs, blob) -> Seen:
-    "The `Seen` of one blob of colour `name`: its pixels' rows `ys` and columns `xs`, its mask `blob` within its bounding box."
+    ("The `Seen` of one blob of colour `name`: its pixels' rows `ys` and columns `xs`, its mask `blob` within its "
+     "bounding box.")
     h, w = ys.max() - ys.min() + 1, xs.max() - xs.min() + 1
     fill = len(ys) / (h * w)
     rows = np.bincount(ys - ys.min(), minlength=h)                              # width of each row
@@ -266,13 +268,15 @@ def category(caption: str) -> str:
 
 # %% ../nbs/03_shapes.ipynb #d6353211
 def corrupt_caption(caption: str, rng, kind: str, exclude=()) -> str | None:
-    "The caption with one `kind` of change ('color', 'shape', 'size', 'relation'), or None if it has no such part; never makes an `exclude` (colour, shape) pair."
+    ("The caption with one `kind` of change ('color', 'shape', 'size', 'relation'), or None if it has no such part; "
+     "never makes an `exclude` (colour, shape) pair.")
     spec = parse_caption(caption)
     objs, rel = list(spec.objects), spec.relation
     i = int(rng.integers(len(objs)))
     o, exclude = objs[i], set(exclude)
     if kind in ("color", "shape"):
-        options = ([(c, o.shape) for c in PALETTE if c != o.color] if kind == "color" else [(o.color, s) for s in SHAPES if s != o.shape])
+        options = ([(c, o.shape) for c in PALETTE if c != o.color] if kind == "color"
+                   else [(o.color, s) for s in SHAPES if s != o.shape])
         options = [p for p in options if p not in exclude]
         if not options: return None
         color, shape = options[rng.integers(len(options))]

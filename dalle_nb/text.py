@@ -24,7 +24,8 @@ _FANCY = str.maketrans({"‘": "'", "’": "'", "‚": "'", "‛": "'", "“": '
 _KEEP_PUNCT = set(".,;:!?'\"-()/&%+=#@$")
 
 def normalize_text(text: str) -> str:
-    "Clean a caption or prompt like dalle-mini: fold unicode, lowercase, drop symbols/emoji/control chars, tidy punctuation."
+    ("Clean a caption or prompt like dalle-mini: fold unicode, lowercase, drop symbols/emoji/control chars, tidy "
+     "punctuation.")
     text = html.unescape(str(text)).translate(_FANCY)
     text = unicodedata.normalize("NFKD", text)
     out = []
@@ -126,7 +127,8 @@ class TokenizerFileError(ValueError):
     "A tokenizer file that is missing or unreadable."
 
 def read_bpe_files(vocab_path, merges_path) -> tuple[dict, list]:
-    "The `{token: id}` vocabulary and the list of `(left, right)` merges, checked; `TokenizerFileError` naming the file."
+    ("The `{token: id}` vocabulary and the list of `(left, right)` merges, checked; `TokenizerFileError` naming the "
+     "file.")
     vocab_path, merges_path = Path(vocab_path), Path(merges_path)
     for p in (vocab_path, merges_path):
         if not p.exists(): raise TokenizerFileError(f"{p}: no such file")
@@ -209,7 +211,8 @@ def _special_roles(tok) -> dict:
 
 # %% ../nbs/01_text.ipynb #9862c550
 def _plain(tok, roles: dict):
-    "A copy of `tok` that neither truncates nor pads (a saved `tokenizer.json` may), its framing and padding tokens special."
+    ("A copy of `tok` that neither truncates nor pads (a saved `tokenizer.json` may), its framing and padding tokens "
+     "special.")
     from tokenizers import Tokenizer
     t = Tokenizer.from_str(tok.to_str())
     t.no_truncation(); t.no_padding()
@@ -290,5 +293,6 @@ def load(cls: TextEncoder, path, max_len: int, normalizer: str = "dalle_nb") -> 
     if path.is_dir(): path = path / "tokenizer.json"
     if not path.exists(): raise TokenizerFileError(f"{path}: no such tokenizer file")
     try: tok = Tokenizer.from_file(str(path))
-    except Exception as e: raise TokenizerFileError(f"{path}: not a readable tokenizer.json ({type(e).__name__})") from None
+    except Exception as e:
+        raise TokenizerFileError(f"{path}: not a readable tokenizer.json ({type(e).__name__})") from None
     return cls(tok, max_len, normalizer)

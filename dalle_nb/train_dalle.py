@@ -28,7 +28,8 @@ def _dvae_evaluate(run):
 
 DVAE_STAGE = Stage("dvae", lambda run: sharded_init(lambda: DVAE(run.cfg.dvae, rngs=nnx.Rngs(run.sc.seed)), run.mesh),
                    image_batches,
-                   lambda run: lambda m, b, k: dvae_loss(m, image_floats(b["image"]), k, advance=1.0 / run.sc.grad_accum),
+                   lambda run: lambda m, b, k: dvae_loss(m, image_floats(b["image"]), k,
+                                                         advance=1.0 / run.sc.grad_accum),
                    _dvae_evaluate)
 
 # %% ../nbs/20_train_dalle.ipynb #42b02459

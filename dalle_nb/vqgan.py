@@ -112,8 +112,8 @@ class Level(nnx.Module):
 class Mid(nnx.Module):
     "The bottleneck: residual block, attention, residual block."
     def __init__(self, ch, cfg, *, rngs):
-        self.block_1, self.attn_1, self.block_2 = ResnetBlock(ch,
-                                                              ch, cfg, rngs=rngs), AttnBlock(ch, cfg, rngs=rngs), ResnetBlock(ch, ch, cfg, rngs=rngs)
+        self.block_1, self.attn_1, self.block_2 = (ResnetBlock(ch, ch, cfg, rngs=rngs), AttnBlock(ch, cfg, rngs=rngs),
+                                                   ResnetBlock(ch, ch, cfg, rngs=rngs))
     def __call__(self, x): return self.block_2(self.attn_1(self.block_1(x)))
 
 # %% ../nbs/05_vqgan.ipynb #791c6e83
@@ -203,10 +203,9 @@ class VQGAN(nnx.Module):
 
     def __init__(self, cfg: VQGANConfig, *, rngs: nnx.Rngs):
         if cfg.factored != self.factored:
-            raise ValueError(f"{type(self).__name__}: color_codes={cfg.color_codes} asks for " + ("factored tokens: "
-                                                                                                  "build "
-                                                                                                  "dalle_nb.factored.FactoredVQGAN "
-                             "(make_vqgan picks the class)" if cfg.factored else "one code per patch: build a VQGAN"))
+            raise ValueError(f"{type(self).__name__}: color_codes={cfg.color_codes} asks for "
+                             + ("factored tokens: build dalle_nb.factored.FactoredVQGAN (make_vqgan picks the class)"
+                                if cfg.factored else "one code per patch: build a VQGAN"))
         enc = not cfg.decoder_only
         self.encoder = self._encoder(cfg, rngs) if enc else None
         self.decoder = Decoder(cfg, rngs=rngs)
@@ -293,7 +292,8 @@ def image_gradients(x):
     return x[:, :, 1:] - x[:, :, :-1], x[:, 1:] - x[:, :-1]
 
 def vqgan_loss(model: VQGAN, images, l1: float = 1.0, l2: float = 1.0, edge: float = 0.0):
-    "Training loss of images in [0, 1]: `l1·L1 + l2·L2 + edge·L1(image gradients) + codebook losses`; updates code usage."
+    ("Training loss of images in [0, 1]: `l1·L1 + l2·L2 + edge·L1(image gradients) + codebook losses`; updates code "
+     "usage.")
     images = jnp.asarray(images, jnp.float32)
     recon, aux = model(images, update_usage=True)
     err = recon - images
@@ -306,7 +306,8 @@ def vqgan_loss(model: VQGAN, images, l1: float = 1.0, l2: float = 1.0, edge: flo
 
 # %% ../nbs/05_vqgan.ipynb #869c1adb
 def decoder_loss(model: VQGAN, images, l1: float = 1.0, l2: float = 1.0):
-    "`l1·L1 + l2·L2` reconstruction loss through the decoder only: the codes of `images` are looked up without gradient."
+    ("`l1·L1 + l2·L2` reconstruction loss through the decoder only: the codes of `images` are looked up without "
+     "gradient.")
     images = jnp.asarray(images, jnp.float32)
     codes = jax.tree.map(jax.lax.stop_gradient, model.latents(model.encode(images)))
     recon = model.decode_latents(*codes)
@@ -316,7 +317,8 @@ def decoder_loss(model: VQGAN, images, l1: float = 1.0, l2: float = 1.0):
 
 # %% ../nbs/05_vqgan.ipynb #1c675996
 def _sample_features(q: VectorQuantizer, features, images, key, n: int, weighted: bool = True):
-    "`n` encoder vectors of `images`, drawn with probability ∝ their squared distance to `q`'s nearest code (if `weighted`)."
+    ("`n` encoder vectors of `images`, drawn with probability ∝ their squared distance to `q`'s nearest code (if "
+     "`weighted`).")
     f = features(images).astype(jnp.float32)
     f = f.reshape(-1, f.shape[-1])
     if weighted:
@@ -330,7 +332,8 @@ def _sample_features(q: VectorQuantizer, features, images, key, n: int, weighted
 
 @nnx.jit
 def init_codebook(model: VQGAN, images, key, rounds: int = 8):
-    "Spread each codebook over the encoder vectors of `images`: k-means++-like, `rounds` rounds of error-weighted draws."
+    ("Spread each codebook over the encoder vectors of `images`: k-means++-like, `rounds` rounds of error-weighted "
+     "draws.")
     for j, (q, features) in enumerate(model.codebooks()):
         key_j, n = jax.random.fold_in(key, 1000 * j), q.embedding.shape[0]
         q.embedding[...] = _sample_features(q, features, images, key_j, n, weighted=False).astype(q.embedding.dtype)
@@ -342,7 +345,8 @@ def init_codebook(model: VQGAN, images, key, rounds: int = 8):
 # %% ../nbs/05_vqgan.ipynb #5075a2a7
 @nnx.jit
 def restart_dead_codes(model: VQGAN, images, key, threshold: float = 0.03) -> jax.Array:
-    "Move codes used less than `threshold / n` of the time (`n` codes in their codebook) to poorly represented encoder vectors; returns how many moved."
+    ("Move codes used less than `threshold / n` of the time (`n` codes in their codebook) to poorly represented "
+     "encoder vectors; returns how many moved.")
     moved = 0
     for j, (q, features) in enumerate(model.codebooks()):
         n = q.embedding.shape[0]
@@ -368,7 +372,8 @@ def show_reconstructions(model: VQGAN, images, n: int = 8, title: str = "origina
 
 # %% ../nbs/05_vqgan.ipynb #f2b10d31
 def vqgan_param_counts(cfg: VQGANConfig, cls=None) -> dict:
-    "Parameter counts of the encoder, decoder, codebooks + 1×1 convs, and total, from an abstract `cls` (default `VQGAN`) model."
+    ("Parameter counts of the encoder, decoder, codebooks + 1×1 convs, and total, from an abstract `cls` (default "
+     "`VQGAN`) model.")
     m = abstract_module(lambda: (cls or VQGAN)(cfg, rngs=nnx.Rngs(0)))
     out = {"encoder": count_params(m.encoder), "decoder": count_params(m.decoder)}
     out["total"] = count_params(m)

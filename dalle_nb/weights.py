@@ -88,13 +88,15 @@ def _array_ext(code: int, data: bytes):
     return a if code == 1 else a[()]
 
 def read_params(path) -> dict:
-    "The flat `{'a/b': array}` dict stored in a msgpack weights file (streamed: the file's bytes are not held beside the arrays)."
+    ("The flat `{'a/b': array}` dict stored in a msgpack weights file (streamed: the file's bytes are not held beside "
+     "the arrays).")
     path = Path(path)
     if not path.exists(): raise WeightsError(f"{path}: no such weights file")
     try:
         with open(path, "rb") as f: tree = msgpack.Unpacker(f, ext_hook=_array_ext, raw=False,
                                                             max_buffer_size=2**40).unpack()
-    except Exception as e: raise WeightsError(f"{path}: not a readable msgpack weights file ({type(e).__name__}: {e})") from None
+    except Exception as e:
+        raise WeightsError(f"{path}: not a readable msgpack weights file ({type(e).__name__}: {e})") from None
     if not isinstance(tree, dict): raise WeightsError(f"{path}: expected a mapping of tensors, found "
                                                       f"{type(tree).__name__}")
     return {_key(k): np.asarray(v) for k, v in traverse_util.flatten_dict(tree).items()}
@@ -113,9 +115,11 @@ def check_params(module, flat: dict) -> list[str]:
 
 # %% ../nbs/04a_weights.ipynb #f46fc19f
 def load_params(module, path, serve: bool = False, quantize: str | None = None):
-    "Load `path` into `module`'s parameters (cast to their dtypes) after checking every tensor; returns `module`.\n\n"
-    "`module` may be abstract (`nnx.eval_shape`): its parameters then come straight from the file, its other state is zeros.\n\n"
-    "`serve`: every `Linear` straight into its serving form (`Linear.serve(quantize)`), kernel by kernel as the file is read."
+    ("Load `path` into `module`'s parameters (cast to their dtypes) after checking every tensor; returns `module`.\n\n"
+     "`module` may be abstract (`nnx.eval_shape`): its parameters then come straight from the file, its other state is "
+     "zeros.\n\n"
+     "`serve`: every `Linear` straight into its serving form (`Linear.serve(quantize)`), kernel by kernel as the file "
+     "is read.")
     flat = _layers_like(read_params(path), _flat_params(module))
     problems = check_params(module, flat)
     if problems:
@@ -129,7 +133,8 @@ def load_params(module, path, serve: bool = False, quantize: str | None = None):
         lin.serve(quantize, kernel=flat.pop(_key(p) + "/kernel"))
     state = nnx.state(module, nnx.Param)
     pure = traverse_util.flatten_dict(nnx.to_pure_dict(state))
-    # cast on the host, copied by `device_put`: `jnp.asarray` compiles a program per shape and dtype (~25 ms each, every start)
+    # cast on the host, copied by `device_put`: `jnp.asarray` compiles a program per shape and dtype (~25 ms each,
+    # every start)
     # served kernels: already there
     fill = lambda k, v: jax.device_put(np.asarray(flat.pop(_key(k)), dtype=v.dtype)) if _key(k) in flat else v
     nnx.replace_by_pure_dict(state, traverse_util.unflatten_dict({k: fill(k, v) for k, v in pure.items()}))
