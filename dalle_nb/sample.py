@@ -183,8 +183,8 @@ def _checked(model, text_ids, keys, blank_ids, cond_scale, temperature, top_k, t
     return text_ids, blank_ids, prefix, traced, static
 
 # %% ../nbs/07_sample.ipynb #3b5e7a10
-# float32 stays the CPU's cache (no faster in bfloat16 there: docs/experiments/2026-11-27-decode-floor.md); accelerators
-# read half the bytes in bfloat16. Stages: see the same file.
+# float32 stays the CPU's cache (no faster in bfloat16 there: the decode-floor figures linked above); accelerators
+# read half the bytes in bfloat16. Stages: the same figures.
 DEFAULT_LAYOUT = {"cpu": dict(cache="float32", stages=1), "accelerator": dict(cache="bfloat16", stages=8)}
 
 def default_layout() -> dict:
