@@ -10,10 +10,10 @@ import dataclasses, json, re
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from fastcore.basics import patch
+# 00a: one config per model (and `require`, the rule check they share)
 from .model_configs import (LN_TYPES, LN_POSITIONS, TEXT_NORMALIZERS, RECON_LOSSES, ATTN_KINDS, VQGANConfig,
-                                    BartConfig,
-                                    # 00a: one config per model
-                                    CLIPConfig, DVAEConfig, DalleConfig, F16_VQGAN, CLIP_VIT_B32, PAPER_DVAE)
+                                    BartConfig, CLIPConfig, DVAEConfig, DalleConfig, F16_VQGAN, CLIP_VIT_B32,
+                                    PAPER_DVAE, require)
 
 # %% auto #0
 __all__ = ['ARCHS', 'IMAGE_TOKENIZERS', 'PRESETS', 'MICRO_SIZES', 'parse_mesh', 'DataConfig', 'StageConfig', 'SampleConfig',
@@ -77,36 +77,29 @@ class StageConfig:
     shampoo_skip_gt: int = 4096       # axes longer than this (embeddings) are not preconditioned
     # the DALL·E paper's techniques (see dalle_nb.powersgd, dalle_nb.gradscale)
     powersgd_rank: int = 0            # > 0: PowerSGD-compress the data-parallel (dp) gradient all-reduce to this rank
-    # loss multiplied by this before differentiating, gradients divided back (float16 training)
-    loss_scale: float = 1.0
-    # per-resblock gradient scales (a model whose loss takes residual=: the dalle arch)
-    block_grad_scale: bool = False
+    loss_scale: float = 1.0           # float16 training: loss × this before differentiating, gradients ÷ it after
+    block_grad_scale: bool = False    # per-resblock gradient scales (a model whose loss takes residual=: the dalle
+                                      #   arch)
 
     def __post_init__(self): _check_stage(self)
 
 # %% ../nbs/00_config.ipynb #9ec23cca
 def _check_stage(s: StageConfig):
     "Raise `ValueError` for a stage setting outside its range."
-    if s.optimizer not in ("adam",
-                           "adafactor", "shampoo"): raise ValueError("StageConfig: unknown optimizer "
-                                                                     f"{s.optimizer!r}; choose from adam, adafactor, "
-                                                                     "shampoo")
-    if s.shampoo_graft not in ("sgd", "adagrad", "adagrad_normalized", "rmsprop", "rmsprop_normalized"):
-        raise ValueError("StageConfig: shampoo_graft must be sgd, adagrad, adagrad_normalized, rmsprop or "
-                         f"rmsprop_normalized, got {s.shampoo_graft!r}")
-    if s.shampoo_every < 1 or s.shampoo_block < 1: raise ValueError("StageConfig: shampoo_every >= 1 and "
-                                                                    "shampoo_block >= 1 are required")
-    if s.decay not in ("cosine", "constant"): raise ValueError("StageConfig: decay must be 'cosine' or 'constant', "
-                                                               f"got {s.decay!r}")
-    if not 0 <= s.blank_caption_prob <= 1: raise ValueError(f"StageConfig: blank_caption_prob={s.blank_caption_prob} "
-                                                            "is not in [0, 1]")
-    if s.powersgd_rank < 0 or not s.loss_scale > 0: raise ValueError("StageConfig: powersgd_rank >= 0 and loss_scale "
-                                                                     f"> 0 are required, got {s.powersgd_rank} and "
-                                                                     f"{s.loss_scale}")
-    if s.steps < 0 or s.batch_size < 1 or s.grad_accum < 1: raise ValueError("StageConfig: steps >= 0, batch_size >= "
-                                                                             "1 and grad_accum >= 1 are required")
-    if list(s.extended_from) != sorted(set(s.extended_from)) or any(not 0 < n < s.steps for n in s.extended_from):
-        raise ValueError(f"StageConfig: extended_from={s.extended_from} must rise, each between 0 and steps={s.steps}")
+    grafts = ("sgd", "adagrad", "adagrad_normalized", "rmsprop", "rmsprop_normalized")
+    require("StageConfig", (s.optimizer in ("adam", "adafactor", "shampoo"),
+                            f"unknown optimizer {s.optimizer!r}; choose from adam, adafactor, shampoo"),
+            (s.shampoo_graft in grafts, "shampoo_graft must be sgd, adagrad, adagrad_normalized, rmsprop or "
+                                        f"rmsprop_normalized, got {s.shampoo_graft!r}"),
+            (s.shampoo_every >= 1 and s.shampoo_block >= 1, "shampoo_every >= 1 and shampoo_block >= 1 are required"),
+            (s.decay in ("cosine", "constant"), f"decay must be 'cosine' or 'constant', got {s.decay!r}"),
+            (0 <= s.blank_caption_prob <= 1, f"blank_caption_prob={s.blank_caption_prob} is not in [0, 1]"),
+            (s.powersgd_rank >= 0 and s.loss_scale > 0,
+             f"powersgd_rank >= 0 and loss_scale > 0 are required, got {s.powersgd_rank} and {s.loss_scale}"),
+            (s.steps >= 0 and s.batch_size >= 1 and s.grad_accum >= 1,
+             "steps >= 0, batch_size >= 1 and grad_accum >= 1 are required"),
+            (list(s.extended_from) == sorted(set(s.extended_from)) and all(0 < n < s.steps for n in s.extended_from),
+             f"extended_from={s.extended_from} must rise, each between 0 and steps={s.steps}"))
     try: parse_mesh(s.mesh)
     except ValueError: raise ValueError("StageConfig: mesh must look like 'dp=32,mp=8' (axes dp, fsdp, mp; sizes or "
                                         f"-1), got {s.mesh!r}") from None
@@ -140,33 +133,33 @@ class RunConfig:
     clip: CLIPConfig = field(default_factory=CLIPConfig)
     data: DataConfig = field(default_factory=DataConfig)
     vqgan_train: StageConfig = field(default_factory=StageConfig)
-    # VQGAN decoder fine-tune; 0 = skip
-    decoder_train: StageConfig = field(default_factory=lambda: StageConfig(steps=0))
+    decoder_train: StageConfig = field(default_factory=lambda: StageConfig(steps=0))  # VQGAN decoder fine-tune; 0: skip
     bart_train: StageConfig = field(default_factory=StageConfig)
     clip_train: StageConfig = field(default_factory=StageConfig)
     sample: SampleConfig = field(default_factory=SampleConfig)
-    # the text → image-token transformer: bart (DALL·E Mega) | dalle (the DALL·E paper)
-    arch: str = "bart"
+    arch: str = "bart"                # the text → image-token transformer: bart (DALL·E Mega) | dalle (the paper)
     image_tokenizer: str = "vqgan"    # vqgan | dvae
     dvae: DVAEConfig = field(default_factory=DVAEConfig)
     dalle: DalleConfig = field(default_factory=DalleConfig)
     dvae_train: StageConfig = field(default_factory=StageConfig)
     dalle_train: StageConfig = field(default_factory=StageConfig)
 
-    def __post_init__(self):
-        if self.arch not in ARCHS: raise ValueError(f"RunConfig: arch must be one of {ARCHS}, got {self.arch!r}")
-        if self.image_tokenizer not in IMAGE_TOKENIZERS: raise ValueError("RunConfig: image_tokenizer must be one of "
-                                                                          f"{IMAGE_TOKENIZERS}, got "
-                                                                          f"{self.image_tokenizer!r}")
-        tok = self.vqgan if self.image_tokenizer == "vqgan" else self.dvae
-        name, codes = ("the VQGAN", "n_embed") if self.image_tokenizer == "vqgan" else ("the dVAE", "vocab_size")
-        model, (n_codes, n_len) = (("bart", (self.bart.image_codes, self.bart.image_len)) if self.arch == "bart" else
-                                   ("dalle", (self.dalle.image_codes, self.dalle.image_len)))
-        if n_codes != tok.n_codes:
-            codes = "n_embed + color_codes" if getattr(tok, "factored", False) else codes
-            raise ValueError(f"RunConfig: {model}.image_codes={n_codes} but {name} has {codes}={tok.n_codes} codes")
-        if n_len != tok.n_tokens:
-            raise ValueError(f"RunConfig: {model}.image_len={n_len} but {name} makes {tok.n_tokens} tokens per image")
+    def __post_init__(self): _check_run(self)
+
+# %% ../nbs/00_config.ipynb #5a1f8c64
+def _check_run(r: RunConfig):
+    "Raise `ValueError` for an unknown `arch` or `image_tokenizer`, or a transformer that does not fit the tokenizer."
+    require("RunConfig", (r.arch in ARCHS, f"arch must be one of {ARCHS}, got {r.arch!r}"),
+            (r.image_tokenizer in IMAGE_TOKENIZERS,
+             f"image_tokenizer must be one of {IMAGE_TOKENIZERS}, got {r.image_tokenizer!r}"))
+    tok = r.vqgan if r.image_tokenizer == "vqgan" else r.dvae
+    name, codes = ("the VQGAN", "n_embed") if r.image_tokenizer == "vqgan" else ("the dVAE", "vocab_size")
+    codes = "n_embed + color_codes" if getattr(tok, "factored", False) else codes
+    model, (n_codes, n_len) = (("bart", (r.bart.image_codes, r.bart.image_len)) if r.arch == "bart" else
+                               ("dalle", (r.dalle.image_codes, r.dalle.image_len)))
+    require("RunConfig", (n_codes == tok.n_codes,
+                          f"{model}.image_codes={n_codes} but {name} has {codes}={tok.n_codes} codes"),
+            (n_len == tok.n_tokens, f"{model}.image_len={n_len} but {name} makes {tok.n_tokens} tokens per image"))
 
 # %% ../nbs/00_config.ipynb #2945b178
 @patch(as_prop=True)
@@ -275,6 +268,9 @@ def get_config(preset: str = "tiny", overrides=()) -> RunConfig:
 # %% ../nbs/00_config.ipynb #2bdf2732
 def _tiny():
     "The small shapes model notebooks and tests train on a laptop CPU."
+    often = dict(log_every=50, eval_every=250, ckpt_every=500)           # the image stages and CLIP
+    seq = dict(batch_size=64, lr=2e-3, warmup_steps=200, blank_caption_prob=0.2, weight_decay=0.01, log_every=50,
+               eval_every=500, ckpt_every=500)                           # the two text → image-token transformers
     return RunConfig(
         name="tiny",
         vqgan=VQGANConfig(patch=4, ch=32, ch_mult=(1, 2), num_res_blocks=1, attn_resolutions=(8,), z_channels=32,
@@ -283,26 +279,17 @@ def _tiny():
                         glu_dim=256, scan_layers=False),
         clip=CLIPConfig(vision_layers=2, text_layers=2),
         data=DataConfig(n_train=40_000),
-        vqgan_train=StageConfig(steps=1500, batch_size=32, lr=2e-3, warmup_steps=100, log_every=50, eval_every=250,
-                                ckpt_every=500),
-        decoder_train=StageConfig(steps=1000, batch_size=32, lr=5e-4, warmup_steps=50, log_every=50, eval_every=250,
-                                  ckpt_every=500),
-        bart_train=StageConfig(steps=5000, batch_size=64, lr=2e-3, warmup_steps=200, blank_caption_prob=0.2,
-                               weight_decay=0.01,
-                               log_every=50, eval_every=500, ckpt_every=500),
-        clip_train=StageConfig(steps=1000, batch_size=128, lr=1.5e-3, warmup_steps=100, log_every=50, eval_every=250,
-                               ckpt_every=500),
+        vqgan_train=StageConfig(steps=1500, batch_size=32, lr=2e-3, warmup_steps=100, **often),
+        decoder_train=StageConfig(steps=1000, batch_size=32, lr=5e-4, warmup_steps=50, **often),
+        bart_train=StageConfig(steps=5000, **seq),
+        clip_train=StageConfig(steps=1000, batch_size=128, lr=1.5e-3, warmup_steps=100, **often),
         # scale 2 is the best two-object scale of the shipped model (BENCHMARKS.md)
         sample=SampleConfig(cond_scale=2.0, plausibility=0.05),
         # the dVAE: squared error with β 0.1 and a usage term instead of the paper's logit-Laplace and β 6.6, which
-        # collapse
-        # onto a few codes at this size (BENCHMARKS.md, "Image tokenizers"); the paper's recipe is `PAPER_DVAE`'s
+        # collapse onto a few codes at this size (BENCHMARKS.md, "Image tokenizers"); the paper's recipe is PAPER_DVAE's
         dvae=DVAEConfig(recon="mse", kl_weight=0.1, usage_weight=0.5),
-        dvae_train=StageConfig(steps=1500, batch_size=32, lr=2e-3, warmup_steps=100, log_every=50, eval_every=250,
-                               ckpt_every=500),
-        dalle_train=StageConfig(steps=2500, batch_size=64, lr=2e-3, warmup_steps=200, blank_caption_prob=0.2,
-                                weight_decay=0.01,
-                                log_every=50, eval_every=500, ckpt_every=500))
+        dvae_train=StageConfig(steps=1500, batch_size=32, lr=2e-3, warmup_steps=100, **often),
+        dalle_train=StageConfig(steps=2500, **seq))
 
 PRESETS["tiny"] = _tiny
 

@@ -11,7 +11,13 @@ from fastcore.basics import patch
 
 # %% auto #0
 __all__ = ['LN_TYPES', 'LN_POSITIONS', 'REMATS', 'TEXT_NORMALIZERS', 'RECON_LOSSES', 'ATTN_KINDS', 'F16_VQGAN', 'CLIP_VIT_B32',
-           'PAPER_DVAE', 'VQGANConfig', 'BartConfig', 'CLIPConfig', 'DVAEConfig', 'DalleConfig']
+           'PAPER_DVAE', 'require', 'VQGANConfig', 'BartConfig', 'CLIPConfig', 'DVAEConfig', 'DalleConfig']
+
+# %% ../nbs/00a_model_configs.ipynb #783941b1
+def require(owner: str, *rules):
+    "Raise `ValueError('{owner}: {message}')` for the first `(holds, message)` of `rules` that does not hold."
+    for holds, message in rules:
+        if not holds: raise ValueError(f"{owner}: {message}")
 
 # %% ../nbs/00a_model_configs.ipynb #a045164a
 @dataclass(frozen=True)
@@ -30,34 +36,46 @@ class VQGANConfig:
     norm_groups: int = 8              # GroupNorm groups (32 in the published model)
     norm_eps: float = 1e-6
     beta: float = 0.25                # commitment loss weight
-    restart_until: int = -200         # training: dead codes re-seeded every 100 steps before this step (negative:
-                                      #   counted back from the last)
-    signed_input: bool = True         # encoder reads images mapped to [-1, 1]; False: [0, 1], as dalle-mini encoded
-                                      #   its data
+    restart_until: int = -200       # training: re-seed dead codes every 100 steps before this step (< 0: from the last)
+    signed_input: bool = True         # encoder reads images in [-1, 1]; False: [0, 1], as dalle-mini encoded its data
     decoder_only: bool = False        # no encoder / quant_conv (min-dalle ships only the decoder, `detoker.pt`)
-    color_codes: int = 0              # > 0: factored tokens, per patch an outline code (of n_embed) then a colour code
-                                      #   (of these)
+    color_codes: int = 0              # > 0: factored tokens, per patch an outline code (of n_embed), then a colour code
     dtype: str = "float32"
 
-    def __post_init__(self):
-        if self.color_codes < 0: raise ValueError(f"VQGANConfig: color_codes must be >= 0, got {self.color_codes}")
-        if self.resolution % self.factor:
-            raise ValueError(f"VQGANConfig: resolution {self.resolution} is not divisible by the downsampling factor "
-                             f"{self.factor}")
-        for c in {self.ch * m for m in self.ch_mult} | {self.z_channels}:
-            if c % self.norm_groups:
-                raise ValueError(f"VQGANConfig: {c} channels are not divisible by norm_groups={self.norm_groups}")
+    def __post_init__(self): _check_vqgan(self)
 
     @property
     def factor(self) -> int: return self.patch * 2 ** (len(self.ch_mult) - 1)
-    @property
-    def grid(self) -> int: return self.resolution // self.factor
-    @property
-    def factored(self) -> bool: return self.color_codes > 0
-    @property
-    def n_tokens(self) -> int: return self.grid ** 2 * (2 if self.factored else 1)
-    @property
-    def n_codes(self) -> int: return self.n_embed + self.color_codes
+
+# %% ../nbs/00a_model_configs.ipynb #37a733f6
+def _check_vqgan(c: VQGANConfig):
+    "Raise `ValueError` where `c`'s numbers do not fit together."
+    odd = [ch for ch in sorted({c.ch * m for m in c.ch_mult} | {c.z_channels}) if ch % c.norm_groups]
+    require("VQGANConfig", (c.color_codes >= 0, f"color_codes must be >= 0, got {c.color_codes}"),
+            (c.resolution % c.factor == 0,
+             f"resolution {c.resolution} is not divisible by the downsampling factor {c.factor}"),
+            (not odd, f"{odd[0] if odd else 0} channels are not divisible by norm_groups={c.norm_groups}"))
+
+# %% ../nbs/00a_model_configs.ipynb #cda75eb8
+@patch(as_prop=True)
+def grid(self: VQGANConfig) -> int:
+    "Codes per side."
+    return self.resolution // self.factor
+
+@patch(as_prop=True)
+def factored(self: VQGANConfig) -> bool:
+    "Two tokens per patch: an outline code, then a colour code."
+    return self.color_codes > 0
+
+@patch(as_prop=True)
+def n_tokens(self: VQGANConfig) -> int:
+    "Tokens per image: one per patch, two when factored."
+    return self.grid ** 2 * (2 if self.factored else 1)
+
+@patch(as_prop=True)
+def n_codes(self: VQGANConfig) -> int:
+    "Ids a transformer over these tokens predicts: the two codebooks share one id range."
+    return self.n_embed + self.color_codes
 
 # %% ../nbs/00a_model_configs.ipynb #a72f270f
 LN_TYPES = ("layernorm", "rmsnorm")
@@ -66,7 +84,10 @@ LN_POSITIONS = ("normformer", "preln", "postln")
 # every matmul output kept (element-wise work and attention recomputed)
 REMATS = ("none", "full", "outputs", "dots")
 TEXT_NORMALIZERS = ("dalle_nb", "dalle_mini", "none")   # see dalle_nb.text: this package's rules, dalle-mini's, none
+_BART_CHOICES = {"ln_type": LN_TYPES, "ln_positions": LN_POSITIONS, "remat": REMATS,
+                 "text_normalizer": TEXT_NORMALIZERS}
 
+# %% ../nbs/00a_model_configs.ipynb #a1f16b9f
 @dataclass(frozen=True)
 class BartConfig:
     "Sizes and options of DALL·E's BART encoder–decoder."
@@ -88,28 +109,20 @@ class BartConfig:
     pad_id: int = 1                   # text padding id
     text_normalizer: str = "dalle_nb"  # caption cleaning the model was trained with: dalle_nb | dalle_mini | none
     scan_layers: bool = True          # stack layers and run them with nnx.scan
-    remat: str = "none"               # none | full | outputs | dots  (gradient checkpointing per layer; outputs: keep
-                                      #   sub-layer outputs)
-    attention: str = "einsum"         # full-sequence attention: einsum (XLA's) | fused (jax.nn.dot_product_attention:
-                                      #   cuDNN on GPUs)
+    remat: str = "none"               # gradient checkpointing per layer: none | full | outputs | dots (see REMATS)
+    attention: str = "einsum"         # full-sequence attention: einsum (XLA's) | fused (dot_product_attention, cuDNN)
     dtype: str = "float32"            # compute dtype (bfloat16 on accelerators)
     param_dtype: str = "float32"
 
-    def __post_init__(self):
-        if self.d_model % self.heads:
-            raise ValueError(f"BartConfig: d_model={self.d_model} is not divisible by heads={self.heads}")
-        if self.image_vocab < self.image_codes:
-            raise ValueError(f"BartConfig: image_vocab={self.image_vocab} < image_codes={self.image_codes}")
-        if self.ln_type not in LN_TYPES:
-            raise ValueError(f"BartConfig: ln_type must be one of {LN_TYPES}, got {self.ln_type!r}")
-        if self.ln_positions not in LN_POSITIONS:
-            raise ValueError(f"BartConfig: ln_positions must be one of {LN_POSITIONS}, got {self.ln_positions!r}")
-        if self.remat not in REMATS: raise ValueError(f"BartConfig: remat must be one of {REMATS}, got {self.remat!r}")
-        if self.attention not in ("einsum", "fused"):
-            raise ValueError(f"BartConfig: attention must be einsum or fused, got {self.attention!r}")
-        if self.text_normalizer not in TEXT_NORMALIZERS:
-            raise ValueError(f"BartConfig: text_normalizer must be one of {TEXT_NORMALIZERS}, got "
-                             f"{self.text_normalizer!r}")
+    def __post_init__(self): _check_bart(self)
+
+# %% ../nbs/00a_model_configs.ipynb #d81eb702
+def _check_bart(c: BartConfig):
+    "Raise `ValueError` where `c`'s sizes or choices do not fit."
+    require("BartConfig", (c.d_model % c.heads == 0, f"d_model={c.d_model} is not divisible by heads={c.heads}"),
+            (c.image_vocab >= c.image_codes, f"image_vocab={c.image_vocab} < image_codes={c.image_codes}"),
+            *((getattr(c, k) in v, f"{k} must be one of {v}, got {getattr(c, k)!r}") for k, v in _BART_CHOICES.items()),
+            (c.attention in ("einsum", "fused"), f"attention must be einsum or fused, got {c.attention!r}"))
 
 # %% ../nbs/00a_model_configs.ipynb #ca2e322e
 @patch(as_prop=True)
@@ -146,14 +159,18 @@ class CLIPConfig:
     logit_scale_init: float = 2.6592  # ln(1/0.07)
     dtype: str = "float32"
 
-    def __post_init__(self):
-        if self.image_size % self.patch_size:
-            raise ValueError(f"CLIPConfig: image_size={self.image_size} not divisible by patch_size={self.patch_size}")
-        for w, h, n in ((self.vision_width, self.vision_heads, "vision"), (self.text_width, self.text_heads, "text")):
-            if w % h: raise ValueError(f"CLIPConfig: {n}_width={w} not divisible by {n}_heads={h}")
+    def __post_init__(self): _check_clip(self)
 
     @property
     def n_patches(self) -> int: return (self.image_size // self.patch_size) ** 2
+
+# %% ../nbs/00a_model_configs.ipynb #b5cf3adf
+def _check_clip(c: CLIPConfig):
+    "Raise `ValueError` where `c`'s patches or heads do not divide."
+    towers = (("vision", c.vision_width, c.vision_heads), ("text", c.text_width, c.text_heads))
+    require("CLIPConfig", (c.image_size % c.patch_size == 0,
+                           f"image_size={c.image_size} not divisible by patch_size={c.patch_size}"),
+            *((w % h == 0, f"{n}_width={w} not divisible by {n}_heads={h}") for n, w, h in towers))
 
 # %% ../nbs/00a_model_configs.ipynb #8d2cb3d9
 RECON_LOSSES = ("logit_laplace", "mse")
@@ -176,28 +193,10 @@ class DVAEConfig:
     tau_steps: int = 1000             # ... over this many steps (paper 150,000)
     kl_weight: float = 6.6            # β after warm-up (the paper's 6.6)
     kl_warmup_steps: int = 500        # β rises (cosine) from 0 over this many steps (paper 5,000)
-    usage_weight: float = 0.0         # w · KL(codes' average posterior over batch and grid ‖ uniform); not in the
-                                      #   paper (0)
+    usage_weight: float = 0.0         # w · KL(codes' mean posterior over batch and grid ‖ uniform); not in the paper
     dtype: str = "float32"
 
-    def __post_init__(self):
-        if self.recon not in RECON_LOSSES:
-            raise ValueError(f"DVAEConfig: recon must be one of {RECON_LOSSES}, got {self.recon!r}")
-        if self.group_count < 1 or self.n_blk_per_group < 1:
-            raise ValueError("DVAEConfig: group_count >= 1 and n_blk_per_group >= 1 are required")
-        if self.resolution % self.factor:
-            raise ValueError(f"DVAEConfig: resolution {self.resolution} is not divisible by the downsampling factor "
-                             f"{self.factor}")
-        if self.n_hid % 4 or self.n_init % 4:
-            raise ValueError(f"DVAEConfig: n_hid={self.n_hid} and n_init={self.n_init} must be multiples of 4 (blocks "
-                             "are n_out/4 wide inside)")
-        if not 0 < self.logit_laplace_eps < 0.5:
-            raise ValueError(f"DVAEConfig: logit_laplace_eps={self.logit_laplace_eps} is not in (0, 0.5)")
-        if not 0 < self.tau_end <= self.tau_start:
-            raise ValueError(f"DVAEConfig: need 0 < tau_end <= tau_start, got {self.tau_end}, {self.tau_start}")
-        if self.kl_weight < 0 or self.usage_weight < 0:
-            raise ValueError(f"DVAEConfig: kl_weight={self.kl_weight} and usage_weight={self.usage_weight} "
-                             "must be >= 0")
+    def __post_init__(self): _check_dvae(self)
 
 # %% ../nbs/00a_model_configs.ipynb #15138523
 @patch(as_prop=True)
@@ -225,6 +224,20 @@ def n_codes(self: DVAEConfig) -> int:
     "Ids a transformer over these codes must predict (`vocab_size`)."
     return self.vocab_size
 
+# %% ../nbs/00a_model_configs.ipynb #5c3a79d4
+def _check_dvae(c: DVAEConfig):
+    "Raise `ValueError` where `c`'s sizes or schedules do not fit."
+    require("DVAEConfig", (c.recon in RECON_LOSSES, f"recon must be one of {RECON_LOSSES}, got {c.recon!r}"),
+            (c.group_count >= 1 and c.n_blk_per_group >= 1, "group_count >= 1 and n_blk_per_group >= 1 are required"),
+            (c.resolution % c.factor == 0,
+             f"resolution {c.resolution} is not divisible by the downsampling factor {c.factor}"),
+            (c.n_hid % 4 == 0 and c.n_init % 4 == 0,
+             f"n_hid={c.n_hid} and n_init={c.n_init} must be multiples of 4 (blocks are n_out/4 wide inside)"),
+            (0 < c.logit_laplace_eps < 0.5, f"logit_laplace_eps={c.logit_laplace_eps} is not in (0, 0.5)"),
+            (0 < c.tau_end <= c.tau_start, f"need 0 < tau_end <= tau_start, got {c.tau_end}, {c.tau_start}"),
+            (c.kl_weight >= 0 and c.usage_weight >= 0,
+             f"kl_weight={c.kl_weight} and usage_weight={c.usage_weight} must be >= 0"))
+
 # %% ../nbs/00a_model_configs.ipynb #433dccb5
 ATTN_KINDS = ("row", "column", "conv", "full")
 
@@ -248,18 +261,7 @@ class DalleConfig:
     dtype: str = "float32"            # compute dtype
     param_dtype: str = "float32"
 
-    def __post_init__(self):
-        if self.d_model % self.heads:
-            raise ValueError(f"DalleConfig: d_model={self.d_model} is not divisible by heads={self.heads}")
-        if self.conv_kernel < 1 or self.conv_kernel % 2 == 0:
-            raise ValueError(f"DalleConfig: conv_kernel must be odd and positive, got {self.conv_kernel}")
-        if not 0 <= self.text_loss_weight <= 1:
-            raise ValueError(f"DalleConfig: text_loss_weight={self.text_loss_weight} is not in [0, 1]")
-        kinds = self.layer_kinds
-        bad = [k for k in kinds if k not in ATTN_KINDS]
-        if bad: raise ValueError(f"DalleConfig: unknown attention kind(s) {bad}; choose from {ATTN_KINDS}")
-        if len(kinds) != self.layers:
-            raise ValueError(f"DalleConfig: attn_types lists {len(kinds)} kinds for {self.layers} layers")
+    def __post_init__(self): _check_dalle(self)
 
 # %% ../nbs/00a_model_configs.ipynb #f216c8bf
 @patch(as_prop=True)
@@ -283,6 +285,18 @@ def seq_len(self: DalleConfig) -> int:
 def head_dim(self: DalleConfig) -> int:
     "Width of one attention head."
     return self.d_model // self.heads
+
+# %% ../nbs/00a_model_configs.ipynb #fc7260e2
+def _check_dalle(c: DalleConfig):
+    "Raise `ValueError` where `c`'s sizes, loss weight or attention kinds do not fit."
+    kinds = c.layer_kinds
+    bad = [k for k in kinds if k not in ATTN_KINDS]
+    require("DalleConfig", (c.d_model % c.heads == 0, f"d_model={c.d_model} is not divisible by heads={c.heads}"),
+            (c.conv_kernel >= 1 and c.conv_kernel % 2 == 1,
+             f"conv_kernel must be odd and positive, got {c.conv_kernel}"),
+            (0 <= c.text_loss_weight <= 1, f"text_loss_weight={c.text_loss_weight} is not in [0, 1]"),
+            (not bad, f"unknown attention kind(s) {bad}; choose from {ATTN_KINDS}"),
+            (len(kinds) == c.layers, f"attn_types lists {len(kinds)} kinds for {c.layers} layers"))
 
 # %% ../nbs/00a_model_configs.ipynb #cbe0dfbd
 F16_VQGAN = VQGANConfig(resolution=256, ch=128, ch_mult=(1, 1, 2, 2, 4), num_res_blocks=2, attn_resolutions=(16,),
