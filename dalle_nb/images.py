@@ -84,6 +84,7 @@ def atomic_path(path, replace: bool = True):
                 os.replace(tmp, path)
     finally: tmp.unlink(missing_ok=True)
 
+# %% ../nbs/02_images.ipynb #da8714b1
 def _running(pid: int) -> bool:
     "Whether process `pid` is alive (on this machine)."
     try: os.kill(pid, 0)

@@ -72,6 +72,7 @@ def _place_one(rng, o: Obj) -> Obj:
     x, y = (o.r + GRID * rng.integers(slots, size=2)).tolist()
     return replace(o, x=float(x), y=float(y))
 
+# %% ../nbs/03_shapes.ipynb #b2ae461e
 def _holds(a: Obj, b: Obj, rel: str, dominance: float = 1.0) -> bool:
     "Is `a` {rel} `b`? The stated axis must dominate the other by `dominance`."
     dx, dy = b.x - a.x, b.y - a.y            # image y grows downwards
@@ -294,6 +295,7 @@ def corrupt_caption(caption: str, rng, kind: str, exclude=()) -> str | None:
     phrase = lambda o: ("a " + (f"{o.size} " if o.size else "") + f"{o.color} {o.shape}")
     return phrase(objs[0]) + (f" {rel} {phrase(objs[1])}" if len(objs) == 2 else "")
 
+# %% ../nbs/03_shapes.ipynb #477b2d3c
 def degrade(images, rng, blur: float = 0.8, noise: float = 8.0, cast: float = 12.0) -> np.ndarray:
     "Blur, add noise and a random colour cast to uint8 images (a stand-in for a lossy tokenizer round trip)."
     x = ndimage.gaussian_filter(np.asarray(images, np.float32), sigma=(0, blur, blur, 0))

@@ -239,10 +239,6 @@ class TextEncoder:
         self._ids = {k: self.tokenizer.token_to_id(roles[k]) for k in ("pad_token", "bos_token", "eos_token")}
         self.max_len, self.normalizer = max_len, normalizer
 
-    def normalize(self, text) -> str:
-        "`text` cleaned by this encoder's rules."
-        return NORMALIZERS[self.normalizer](text)
-
     @property
     def vocab_size(self) -> int: return self.tokenizer.get_vocab_size(with_added_tokens=True)
     @property
@@ -253,6 +249,11 @@ class TextEncoder:
     def eos_id(self) -> int: return self._ids["eos_token"]
 
 # %% ../nbs/01_text.ipynb #feed2eb0
+@patch
+def normalize(self: TextEncoder, text) -> str:
+    "`text` cleaned by this encoder's rules."
+    return NORMALIZERS[self.normalizer](text)
+
 @patch
 def __call__(self: TextEncoder, texts) -> np.ndarray:
     "Normalise and encode a caption or a list of them: int32 `[B, max_len]`."
@@ -273,8 +274,8 @@ def blank(self: TextEncoder, n: int = 1) -> np.ndarray:
 @patch
 def decode(self: TextEncoder, ids) -> list[str]:
     "Text of each row of ids, special tokens removed."
-    return [self.tokenizer.decode([int(i) for i in row],
-                                  skip_special_tokens=True).strip() for row in np.atleast_2d(ids)]
+    return [self.tokenizer.decode([int(i) for i in row], skip_special_tokens=True).strip()
+            for row in np.atleast_2d(ids)]
 
 # %% ../nbs/01_text.ipynb #e85be894
 @patch
