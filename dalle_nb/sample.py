@@ -144,6 +144,20 @@ _generate_jit = nnx.jit(_generate, static_argnames=_STATIC + _LAYOUT + ("stages"
 _start_jit = nnx.jit(_start, static_argnames=("guided",) + _LAYOUT, graph_updates=False)
 _steps_jit = nnx.jit(_steps, static_argnames=_STATIC, donate_argnames=("state",), graph_updates=False)
 
+# %% ../nbs/07_sample.ipynb #1d2be49d
+def _prefix_ids(model, prefix, keep: int, rows: int):
+    "The image prompt's ids `[rows, image_len]` (the first `keep` used) checked, or a placeholder when `keep` is 0."
+    n = model.cfg.image_len
+    if not 0 <= keep <= n: raise ValueError(f"generate: keep must be between 0 and image_len={n}, got {keep}")
+    if not keep: return jnp.zeros((1, 1), jnp.int32)                  # unused: the loop compiles without the prompt
+    if prefix is None: raise ValueError("generate: keep > 0 needs prefix (the image prompt's token ids)")
+    prefix = jnp.asarray(prefix, jnp.int32)
+    if prefix.shape != (rows, n):
+        raise ValueError(f"generate: prefix must be [{rows}, {n}] token ids, got shape {prefix.shape}")
+    if int(prefix[:, :keep].min()) < 0 or int(prefix[:, :keep].max()) >= model.cfg.image_codes:
+        raise ValueError(f"generate: prefix ids must be in [0, {model.cfg.image_codes})")
+    return prefix
+
 # %% ../nbs/07_sample.ipynb #74788cb7
 def _checked(model, text_ids, keys, blank_ids, cond_scale, temperature, top_k, top_p, plausibility, prefix, keep):
     "Validate `generate`'s arguments: `(text_ids, blank_ids, prefix, traced settings, static settings)`."
@@ -165,17 +179,7 @@ def _checked(model, text_ids, keys, blank_ids, cond_scale, temperature, top_k, t
     blank_ids = jnp.asarray(blank_ids if guided else text_ids, jnp.int32)
     if blank_ids.shape != text_ids.shape:
         raise ValueError(f"generate: blank_ids shape {blank_ids.shape} != text_ids shape {text_ids.shape}")
-    n = model.cfg.image_len
-    if not 0 <= keep <= n: raise ValueError(f"generate: keep must be between 0 and image_len={n}, got {keep}")
-    if keep:
-        if prefix is None: raise ValueError("generate: keep > 0 needs prefix (the image prompt's token ids)")
-        prefix = jnp.asarray(prefix, jnp.int32)
-        if prefix.shape != (text_ids.shape[0], n):
-            raise ValueError(f"generate: prefix must be [{text_ids.shape[0]}, {n}] token ids, got shape {prefix.shape}")
-        if int(prefix[:, :keep].min()) < 0 or int(prefix[:, :keep].max()) >= model.cfg.image_codes:
-            raise ValueError(f"generate: prefix ids must be in [0, {model.cfg.image_codes})")
-    else:
-        prefix = jnp.zeros((1, 1), jnp.int32)                  # unused: the loop compiles without the prompt
+    prefix = _prefix_ids(model, prefix, keep, text_ids.shape[0])
     traced = (jnp.int32(keep), jnp.float32(cond_scale), jnp.float32(temperature), jnp.float32(top_p),
               jnp.float32(max(plausibility, 1e-30)))
     static = dict(top_k=int(top_k), guided=guided, nucleus=float(top_p) < 1.0, guard=float(plausibility) > 0,

@@ -182,19 +182,21 @@ class VectorQuantizer(nnx.Module):
 
     def embed(self, ids): return jnp.take(self.embedding[...], ids, axis=0)
 
-    def __call__(self, z, update_usage: bool = False):
-        "`(z_q with straight-through gradient, ids, losses)` for encoder outputs `z`."
-        ids = self.lookup(z)
-        zq = self.embed(ids).astype(z.dtype)
-        codebook = jnp.mean((jax.lax.stop_gradient(z) - zq) ** 2)
-        commit = jnp.mean((z - jax.lax.stop_gradient(zq)) ** 2)
-        counts = jnp.bincount(ids.reshape(-1), length=self.embedding.shape[0]) / ids.size
-        if update_usage: self.usage[...] = self.decay * self.usage[...] + (1 - self.decay) * counts
-        probs = jnp.maximum(counts, 1e-10)
-        perplexity = jnp.exp(-(counts * jnp.log(probs)).sum())
-        losses = {"codebook": codebook, "commit": commit, "loss": codebook + self.beta * commit,
-                  "perplexity": perplexity}
-        return z + jax.lax.stop_gradient(zq - z), ids, losses
+# %% ../nbs/05_vqgan.ipynb #3a0e4ccf
+@patch
+def __call__(self: VectorQuantizer, z, update_usage: bool = False):
+    "`(z_q with straight-through gradient, ids, losses)` for encoder outputs `z`."
+    ids = self.lookup(z)
+    zq = self.embed(ids).astype(z.dtype)
+    codebook = jnp.mean((jax.lax.stop_gradient(z) - zq) ** 2)
+    commit = jnp.mean((z - jax.lax.stop_gradient(zq)) ** 2)
+    counts = jnp.bincount(ids.reshape(-1), length=self.embedding.shape[0]) / ids.size
+    if update_usage: self.usage[...] = self.decay * self.usage[...] + (1 - self.decay) * counts
+    probs = jnp.maximum(counts, 1e-10)
+    perplexity = jnp.exp(-(counts * jnp.log(probs)).sum())
+    losses = {"codebook": codebook, "commit": commit, "loss": codebook + self.beta * commit,
+              "perplexity": perplexity}
+    return z + jax.lax.stop_gradient(zq - z), ids, losses
 
 # %% ../nbs/05_vqgan.ipynb #18935d31
 class VQGAN(nnx.Module):

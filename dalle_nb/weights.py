@@ -29,6 +29,7 @@ def _flat_params(module) -> dict:
     state = nnx.to_pure_dict(nnx.state(module, nnx.Param))
     return {_key(k): v for k, v in traverse_util.flatten_dict(state).items()}
 
+# %% ../nbs/04a_weights.ipynb #7495596b
 def save_params(module, path, dtype=None) -> Path:
     "Write `module`'s parameters to `path` as msgpack, optionally cast to `dtype` (e.g. 'float16')."
     path = Path(path)
@@ -42,11 +43,11 @@ def save_params(module, path, dtype=None) -> Path:
     flat = {k: np.asarray(jax.device_get(v)) for k, v in _flat_params(module).items()}
     # a float32 served kernel: back to (in, out)
     flat = {k: np.swapaxes(v, -1, -2) if k in served else v for k, v in flat.items()}
-    if dtype is not None: flat = {k: v.astype(dtype) if jnp.issubdtype(v.dtype,
-                                                                       jnp.floating) else v for k, v in flat.items()}
+    if dtype is not None:
+        flat = {k: v.astype(dtype) if jnp.issubdtype(v.dtype, jnp.floating) else v for k, v in flat.items()}
+    tree = traverse_util.unflatten_dict({tuple(k.split("/")): v for k, v in flat.items()})
     with atomic_path(path) as tmp:   # never a half-written file under the real name; a temporary name of its own
-        tmp.write_bytes(serialization.msgpack_serialize(traverse_util.unflatten_dict({tuple(k.split("/")): v
-                                                                                     for k, v in flat.items()})))
+        tmp.write_bytes(serialization.msgpack_serialize(tree))
     return path
 
 # %% ../nbs/04a_weights.ipynb #970e2a4f
@@ -133,16 +134,14 @@ def load_params(module, path, serve: bool = False, quantize: str | None = None):
         lin.serve(quantize, kernel=flat.pop(_key(p) + "/kernel"))
     state = nnx.state(module, nnx.Param)
     pure = traverse_util.flatten_dict(nnx.to_pure_dict(state))
-    # cast on the host, copied by `device_put`: `jnp.asarray` compiles a program per shape and dtype (~25 ms each,
-    # every start)
-    # served kernels: already there
+    # cast on the host, copied by `device_put` (`jnp.asarray` compiles a program per shape and dtype, ~25 ms each
+    # at every start); served kernels are already there
     fill = lambda k, v: jax.device_put(np.asarray(flat.pop(_key(k)), dtype=v.dtype)) if _key(k) in flat else v
     nnx.replace_by_pure_dict(state, traverse_util.unflatten_dict({k: fill(k, v) for k, v in pure.items()}))
     nnx.update(module, state)
     abstract = lambda x: isinstance(x, jax.ShapeDtypeStruct)
     rest = nnx.state(module, nnx.Not(nnx.Param))
-    nnx.update(module,
-               jax.tree.map(lambda x: jax.device_put(np.zeros(x.shape, x.dtype)) if abstract(x) else x, rest,
+    nnx.update(module, jax.tree.map(lambda x: jax.device_put(np.zeros(x.shape, x.dtype)) if abstract(x) else x, rest,
                                     is_leaf=abstract))
     return module
 
