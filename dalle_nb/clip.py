@@ -200,8 +200,8 @@ def clip_loss(model: CLIP, images, ids, neg_ids=None):
 # %% ../nbs/08_clip.ipynb #0dcc0493
 def clip_scores(model: CLIP, images, ids) -> jax.Array:
     "Cosine similarity `[N]` of each of `N` images with the caption `ids` (`[1, L]`, or `[N, L]`: one per image)."
-    if len(ids) not in (1, len(images)): raise ValueError(f"clip_scores: {len(images)} images need 1 or {len(images)} "
-                                                          f"captions, got {len(ids)}")
+    if len(ids) not in (1, len(images)):
+        raise ValueError(f"clip_scores: {len(images)} images need 1 or {len(images)} captions, got {len(ids)}")
     return (model.encode_image(images) * model.encode_text(ids)).sum(-1)
 
 def _prompt_scores(model: CLIP, images, ids) -> jax.Array:
@@ -217,12 +217,13 @@ def rerank(model: CLIP, images, ids, k: int | None = None):
      "their scores.")
     ids = jnp.asarray(ids)
     if ids.ndim == 1: ids = ids[None]
-    if ids.ndim != 2 or ids.shape[0] != 1: raise ValueError("rerank: one caption [L] or [1, L] expected, got "
-                                                            f"{ids.shape}; use batch_rerank for several")
+    if ids.ndim != 2 or ids.shape[0] != 1:
+        raise ValueError(f"rerank: one caption [L] or [1, L] expected, got {ids.shape}; use batch_rerank for several")
     s = np.asarray(_jit_scores(model, images, ids))
     order = np.argsort(-s, kind="stable")[:k]
     return order, s[order]
 
+# %% ../nbs/08_clip.ipynb #dc669020
 def batch_rerank(model: CLIP, images, ids, k: int | None = None):
     ("For `P` prompts with `N` candidates each (`images [P, N, H, W, 3]`, `ids [P, L]`): indices `[P, k]` and scores, "
      "best first.")

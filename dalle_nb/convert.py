@@ -331,8 +331,9 @@ def bart_from_dalle_mini(flat: dict, cfg: BartConfig, source="flax_model.msgpack
 def bart_to_dalle_mini(bart: DalleBart, scanned: bool = True) -> tuple[dict, dict]:
     "dalle-mini's flat msgpack dict and `config.json` dict of our BART (NormFormer only)."
     cfg = bart.cfg
-    if cfg.ln_positions != "normformer": raise ConvertError("dalle-mini's layout is written for NormFormer models "
-                                                            f"only, not ln_positions={cfg.ln_positions!r}")
+    if cfg.ln_positions != "normformer":
+        raise ConvertError("dalle-mini's layout is written for NormFormer models only, not "
+                           f"ln_positions={cfg.ln_positions!r}")
     flat = unstack_layers({k: np.asarray(v, np.float32) for k, v in _flat_params(bart).items()})
     force = any(_SCALELESS.search(k) and not np.all(v == 1) for k, v in flat.items())
     out, layers = {}, {}
@@ -353,6 +354,7 @@ def bart_to_dalle_mini(bart: DalleBart, scanned: bool = True) -> tuple[dict, dic
               "decoder_start_token_id": cfg.bos_id, "tie_word_embeddings": False, "scale_embedding": False}
     return out, config
 
+# %% ../nbs/09a_convert.ipynb #2ead859e
 def save_flax(directory, flat: dict, config: dict) -> Path:
     "Write `flax_model.msgpack` (nested, as Flax writes it) and `config.json` into `directory`."
     directory = Path(directory); directory.mkdir(parents=True, exist_ok=True)
@@ -417,35 +419,33 @@ def vqgan_to_flax(vqgan: VQGAN) -> tuple[dict, dict]:
 
 # %% ../nbs/09a_convert.ipynb #ccb436a2
 _CLIP_IGNORE = re.compile(r"position_ids$")
+# our CLIPConfig field → transformers' vision_config / text_config field
+_CLIP_VISION = {"image_size": "image_size", "patch_size": "patch_size", "vision_width": "hidden_size",
+                "vision_layers": "num_hidden_layers", "vision_heads": "num_attention_heads",
+                "vision_mlp": "intermediate_size"}
+_CLIP_TEXT = {"text_len": "max_position_embeddings", "text_width": "hidden_size", "text_layers": "num_hidden_layers",
+              "text_heads": "num_attention_heads", "text_mlp": "intermediate_size", "ln_eps": "layer_norm_eps"}
 
 def clip_config_from_transformers(c: dict, source="config.json") -> CLIPConfig:
     "Our `CLIPConfig` of transformers' `CLIPConfig` dict (missing fields: OpenAI ViT-B/32's)."
     t, v, base = c.get("text_config") or {}, c.get("vision_config") or {}, CLIP_VIT_B32
     acts = {t.get("hidden_act", base.act), v.get("hidden_act", base.act)}
-    if len(acts) != 1 or acts - {"quick_gelu", "gelu"}: raise ConvertError(f"{source}: activation(s) {sorted(acts)} "
-                                                                           "not supported (quick_gelu or gelu, the "
-                                                                           "same in both towers)")
-    if v.get("num_channels", 3) != 3: raise ConvertError(f"{source}: vision_config.num_channels={v['num_channels']}, "
-                                                         "expected 3")
+    if len(acts) != 1 or acts - {"quick_gelu", "gelu"}:
+        raise ConvertError(f"{source}: activation(s) {sorted(acts)} not supported (quick_gelu or gelu, the same in "
+                           "both "
+                           "towers)")
+    if v.get("num_channels", 3) != 3:
+        raise ConvertError(f"{source}: vision_config.num_channels={v['num_channels']}, expected 3")
     vocab = t.get("vocab_size", base.text_vocab)
     eos = t.get("eos_token_id", base.eos_id)
     if eos == 2: eos = vocab - 1             # legacy configs: transformers takes the largest id, <|endoftext|>
+    sizes = {ours: v.get(theirs, getattr(base, ours)) for ours, theirs in _CLIP_VISION.items()}
+    sizes |= {ours: t.get(theirs, getattr(base, ours)) for ours, theirs in _CLIP_TEXT.items()}
     try:
-        return CLIPConfig(embed_dim=c.get("projection_dim", base.embed_dim),
-                          image_size=v.get("image_size", base.image_size),
-                          patch_size=v.get("patch_size", base.patch_size),
-                          vision_width=v.get("hidden_size", base.vision_width), vision_layers=v.get("num_hidden_layers",
-                                              base.vision_layers), vision_heads=v.get("num_attention_heads",
-                                                                                      base.vision_heads),
-                          vision_mlp=v.get("intermediate_size", base.vision_mlp), text_vocab=vocab,
-                          text_len=t.get("max_position_embeddings", base.text_len),
-                          text_width=t.get("hidden_size", base.text_width),
-                          text_layers=t.get("num_hidden_layers", base.text_layers),
-                          text_heads=t.get("num_attention_heads", base.text_heads),
-                          text_mlp=t.get("intermediate_size", base.text_mlp), act=acts.pop(),
-                          ln_eps=t.get("layer_norm_eps", base.ln_eps), pad_id=eos, eos_id=eos,
-                          logit_scale_init=c.get("logit_scale_init_value",
-                                                                         base.logit_scale_init))
+        return CLIPConfig(embed_dim=c.get("projection_dim", base.embed_dim), text_vocab=vocab, act=acts.pop(),
+                          pad_id=eos, eos_id=eos, logit_scale_init=c.get("logit_scale_init_value",
+                                                                         base.logit_scale_init),
+                          **sizes)
     except (TypeError, ValueError) as e: raise ConvertError(f"{source}: {e}") from None
 
 # %% ../nbs/09a_convert.ipynb #1569c7e0
