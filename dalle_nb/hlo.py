@@ -245,10 +245,22 @@ def async_overlap(module) -> dict[str, int]:
             if op.endswith("-start") and (keys := _async_keys(comps, ins)): pending[n] = [0, keys]
     return out
 
-# %% ../nbs/12a_hlo.ipynb #b54b98cb
+# %% ../nbs/12a_hlo.ipynb #a4267956
 # dalle_nb.shampoo's refresh
 _ROOT_FUNCS = ("refresh_roots", "inverse_pth_root", "_newton_root", "_mat_pow", "max_eigenvalue")
 
+def _step_part(rest: str, stack) -> str:
+    ("The part of a step an instruction belongs to, from its attributes `rest`: forward_backward, shampoo_roots or "
+     "update.")
+    op = re.search(r'op_name="([^"]*)"', rest)
+    op = op[1] if op else ""
+    if "jvp(" in op or "transpose(" in op: return "forward_backward"      # differentiated: the loss and its gradient
+    m = re.search(r"stack_frame_id=(\d+)", rest)
+    names = " ".join(stack(int(m[1]))) if m else ""
+    if any(f in names for f in _ROOT_FUNCS) or op.count("cond/") >= 3: return "shampoo_roots"
+    return "update"
+
+# %% ../nbs/12a_hlo.ipynb #b54b98cb
 def hlo_profile(text: str, devices: int = 1, inexact_trips: int | None = None) -> dict:
     ("FLOPs and collectives of a compiled HLO module (per device), loop bodies × trip counts; split by part of the "
      "step; collectives as `[count, bytes, async bytes, FLOPs scheduled beside them]`. `inexact_trips`: count loops "
@@ -256,15 +268,7 @@ def hlo_profile(text: str, devices: int = 1, inexact_trips: int | None = None) -
     module = parse_hlo(text)
     stack, overlap = module[2], async_overlap(module)
     out = {"flops": {}, "collectives": {}, "loops": [], "inexact_loops": 0}
-    def part(rest):
-        op = re.search(r'op_name="([^"]*)"', rest)
-        op = op[1] if op else ""
-        # differentiated: the loss and its gradient
-        if "jvp(" in op or "transpose(" in op: return "forward_backward"
-        m = re.search(r"stack_frame_id=(\d+)", rest)
-        names = " ".join(stack(int(m[1]))) if m else ""
-        if any(f in names for f in _ROOT_FUNCS) or op.count("cond/") >= 3: return "shampoo_roots"
-        return "update"
+    part = lambda rest: _step_part(rest, stack)
     def visit(comp, ins, times):
         if ins[2] in ("dot", "convolution"):
             p = part(ins[3]); out["flops"][p] = out["flops"].get(p, 0) + times * _flops(comp, ins)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import datetime, json
 from dataclasses import replace
 from pathlib import Path
-from .config import VQGANConfig, BartConfig, RunConfig, SampleConfig, F16_VQGAN, CLIP_VIT_B32
+from .config import VQGANConfig, BartConfig, CLIPConfig, RunConfig, SampleConfig, F16_VQGAN, CLIP_VIT_B32
 from .text import TextEncoder, TokenizerFileError, bart_tokenizer, clip_tokenizer
 from .vqgan import VQGAN
 from .bart import DalleBart
@@ -49,10 +49,28 @@ def _text_encoder(directory: Path, cfg: BartConfig) -> TextEncoder:
         raise ConvertError(f"{e} (the BART's text embedding has {cfg.text_vocab} rows)") from None
     return TextEncoder(tok, max_len=cfg.max_text_len, normalizer=cfg.text_normalizer)
 
+def _clip_text(directory: Path, cfg: CLIPConfig) -> TextEncoder:
+    "CLIP's tokenizer in `directory` (`tokenizer.json`, or `vocab.json` + `merges.txt`), checked against the embedding."
+    from tokenizers import Tokenizer
+    try:
+        if (directory / "tokenizer.json").exists(): tok = Tokenizer.from_file(str(directory / "tokenizer.json"))
+        elif (directory / "vocab.json").exists():
+            tok = clip_tokenizer(directory / "vocab.json", directory / "merges.txt")
+        else: raise ConvertError(f"{directory}: no tokenizer.json, nor vocab.json + merges.txt, for CLIP's text")
+        text = TextEncoder(tok, max_len=cfg.text_len, normalizer="none")
+    except TokenizerFileError as e: raise ConvertError(str(e)) from None
+    except Exception as e:
+        if isinstance(e, ConvertError): raise
+        raise ConvertError(f"{directory / 'tokenizer.json'}: not a readable tokenizer ({type(e).__name__})") from None
+    if text.vocab_size > cfg.text_vocab:
+        raise ConvertError(f"{directory}: CLIP's tokenizer has {text.vocab_size} tokens but its text embedding "
+                           f"{cfg.text_vocab} rows")
+    return text
+
+# %% ../nbs/09b_published.ipynb #2c9ec798
 def load_clip(directory) -> tuple[CLIP, TextEncoder]:
     ("transformers' CLIP folder (`config.json`, `model.safetensors` or `pytorch_model.bin`, tokenizer) → our CLIP and "
      "its tokenizer.")
-    from tokenizers import Tokenizer
     directory = Path(directory)
     cfg = clip_config_from_transformers(read_json(directory / "config.json"), directory / "config.json")
     weights = next((directory / f for f in ("model.safetensors", "pytorch_model.bin") if (directory / f).exists()),
@@ -60,19 +78,7 @@ def load_clip(directory) -> tuple[CLIP, TextEncoder]:
     if weights is None: raise ConvertError(f"{directory}: no model.safetensors or pytorch_model.bin")
     sd = read_safetensors(weights) if weights.suffix == ".safetensors" else read_torch(weights)
     clip = build_model(CLIP, cfg, clip_from_transformers(sd, cfg, weights), weights)
-    try:
-        if (directory / "tokenizer.json").exists(): tok = Tokenizer.from_file(str(directory / "tokenizer.json"))
-        elif (directory / "vocab.json").exists(): tok = clip_tokenizer(directory / "vocab.json",
-                                                                       directory / "merges.txt")
-        else: raise ConvertError(f"{directory}: no tokenizer.json, nor vocab.json + merges.txt, for CLIP's text")
-        text = TextEncoder(tok, max_len=cfg.text_len, normalizer="none")
-    except TokenizerFileError as e: raise ConvertError(str(e)) from None
-    except Exception as e:
-        if isinstance(e, ConvertError): raise
-        raise ConvertError(f"{directory / 'tokenizer.json'}: not a readable tokenizer ({type(e).__name__})") from None
-    if text.vocab_size > cfg.text_vocab: raise ConvertError(f"{directory}: CLIP's tokenizer has {text.vocab_size} "
-                                                            f"tokens but its text embedding {cfg.text_vocab} rows")
-    return clip, text
+    return clip, _clip_text(directory, cfg)
 
 # %% ../nbs/09b_published.ipynb #cf58c87f
 def load_vqgan_flax(directory) -> VQGAN:
