@@ -33,6 +33,7 @@ def attend(q, k, v, mask, impl: str = "einsum"):
     probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
     return jnp.einsum("bhqk,bkhd->bqhd", probs, v)
 
+# %% ../nbs/06_bart.ipynb #18ce9b0c
 class Int8KV(NamedTuple):
     "An 8-bit cache entry: int8 values `[..., D, T]` and a float32 scale per position and head `[..., 1, T]`."
     q: jax.Array
@@ -144,18 +145,6 @@ class DecoderLayer(nnx.Module):
         self.glu_layer_norm = _norm(cfg, rngs) if cfg.ln_positions == "postln" else None
         self.postln = cfg.ln_positions == "postln"
 
-    def _finish(self, x, cross_k, cross_v, text_mask, cached: bool = False):
-        ("Cross-attention and GLU blocks (shared by the full and the cached path). Cached, the `G` captions' "
-         "keys/values `[G, H, D, S]` serve `B = G × r` rows in `G` runs of `r`: a run's rows are its caption's "
-         "queries.")
-        def cross(h):
-            G, (B, T, d) = cross_k.shape[0], h.shape
-            if not cached or G == B: return self.encoder_attn(h, cross_k, cross_v, text_mask, cached)
-            return self.encoder_attn(h.reshape(G, B // G * T, d), cross_k, cross_v, text_mask, cached).reshape(B, T, d)
-        x = _residual(x, cross, self.pre_encoder_attn_layer_norm, self.encoder_attn_layer_norm, self.postln)
-        x = _residual(x, self.glu, None, self.glu_layer_norm, self.postln)
-        return constrain(x, ("batch", "length", "embed"))
-
     def __call__(self, x, enc, text_mask, causal_mask):
         "All positions at once (teacher forcing)."
         def attn(h): return self.self_attn(h, *self.self_attn.kv(h), causal_mask)
@@ -165,6 +154,20 @@ class DecoderLayer(nnx.Module):
     def cross_kv(self, enc, text_mask):
         "This layer's cross-attention keys/values of the encoder states (computed once per caption)."
         return enc, self.encoder_attn.kv(enc)
+
+# %% ../nbs/06_bart.ipynb #27a2a1d6
+@patch
+def _finish(self: DecoderLayer, x, cross_k, cross_v, text_mask, cached: bool = False):
+    ("Cross-attention and GLU blocks (shared by the full and the cached path). Cached, the `G` captions' "
+     "keys/values `[G, H, D, S]` serve `B = G × r` rows in `G` runs of `r`: a run's rows are its caption's "
+     "queries.")
+    def cross(h):
+        G, (B, T, d) = cross_k.shape[0], h.shape
+        if not cached or G == B: return self.encoder_attn(h, cross_k, cross_v, text_mask, cached)
+        return self.encoder_attn(h.reshape(G, B // G * T, d), cross_k, cross_v, text_mask, cached).reshape(B, T, d)
+    x = _residual(x, cross, self.pre_encoder_attn_layer_norm, self.encoder_attn_layer_norm, self.postln)
+    x = _residual(x, self.glu, None, self.glu_layer_norm, self.postln)
+    return constrain(x, ("batch", "length", "embed"))
 
 # %% ../nbs/06_bart.ipynb #0194a724
 def _write(c, new, at):
@@ -192,9 +195,8 @@ def step(self: DecoderLayer, x, pos, text_mask, k_c, v_c, layer, cross_k, cross_
     return self._finish(x, cross_k, cross_v, text_mask, cached=True), k_c, v_c
 
 # %% ../nbs/06_bart.ipynb #12821b56
-REMAT_POLICIES = {"full": None,                                     # keep nothing: recompute the whole layer
-                  # keep each sub-layer's output
-                  "outputs": jax.checkpoint_policies.save_only_these_names("sublayer_out"),
+REMAT_POLICIES = {"full": None,                                                       # keep nothing: recompute all
+                  "outputs": jax.checkpoint_policies.save_only_these_names("sublayer_out"),   # each sub-layer's output
                   "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable}   # keep every projection's output
 
 class LayerStack(nnx.Module):
@@ -212,20 +214,22 @@ class LayerStack(nnx.Module):
         else:
             self.layers = nnx.List([make(rngs) for _ in range(n)])
 
-    def __call__(self, x, *args, xs=(), method: str = "__call__"):
-        "`method(x, *args, *xs[i]) -> (x, y)` through every layer `i`; returns `x` and the `y`s stacked."
-        def run(graphdef, state, x, xs_l):
-            return getattr(nnx.merge(graphdef, state), method)(x, *args, *xs_l)
-        if self.remat != "none": run = jax.checkpoint(run, static_argnums=(0,), policy=REMAT_POLICIES[self.remat])
-        if self.scan:
-            graphdef, state = nnx.split(self.layers)
-            return jax.lax.scan(lambda x, s_xs: run(graphdef, *s_xs[:1], x, s_xs[1]), x, (state, tuple(xs)))
-        ys = []
-        for i, layer in enumerate(self.layers):
-            graphdef, state = nnx.split(layer)
-            x, y = run(graphdef, state, x, tuple(a[i] for a in xs))
-            ys.append(y)
-        return x, jax.tree.map(lambda *a: jnp.stack(a), *ys) if ys and ys[0] is not None else None
+# %% ../nbs/06_bart.ipynb #5aff2f33
+@patch
+def __call__(self: LayerStack, x, *args, xs=(), method: str = "__call__"):
+    "`method(x, *args, *xs[i]) -> (x, y)` through every layer `i`; returns `x` and the `y`s stacked."
+    def run(graphdef, state, x, xs_l):
+        return getattr(nnx.merge(graphdef, state), method)(x, *args, *xs_l)
+    if self.remat != "none": run = jax.checkpoint(run, static_argnums=(0,), policy=REMAT_POLICIES[self.remat])
+    if self.scan:
+        graphdef, state = nnx.split(self.layers)
+        return jax.lax.scan(lambda x, s_xs: run(graphdef, *s_xs[:1], x, s_xs[1]), x, (state, tuple(xs)))
+    ys = []
+    for i, layer in enumerate(self.layers):
+        graphdef, state = nnx.split(layer)
+        x, y = run(graphdef, state, x, tuple(a[i] for a in xs))
+        ys.append(y)
+    return x, jax.tree.map(lambda *a: jnp.stack(a), *ys) if ys and ys[0] is not None else None
 
 # %% ../nbs/06_bart.ipynb #60b3e94e
 @patch
@@ -360,6 +364,7 @@ def init_cache(self: Decoder, enc, text_mask, dtype=None, rows: int | None = Non
     per = (lambda a: a) if self.cfg.scan_layers else (lambda a: tuple(layer(a, i) for i in range(shape[0])))
     return KVCache(per(_empty(shape, dtype)), per(_empty(shape, dtype)), per(hdt(ck)), per(hdt(cv)))
 
+# %% ../nbs/06_bart.ipynb #3474c16c
 @patch
 def grow_cache(self: Decoder, cache: KVCache, length: int) -> KVCache:
     "`cache` with its self-attention positions padded (empty) to `length`: the next stage of a staged decode."
