@@ -13,6 +13,7 @@ from flax import nnx
 from .config import DVAEConfig, PAPER_DVAE
 from .layers import Conv, dtype_of, abstract_module, count_params
 from .vqgan import space_to_depth, depth_to_space     # the same patch (un)folding as the VQGAN's
+from fastcore.basics import patch
 
 # %% auto #0
 __all__ = ['ResBlock', 'Group', 'DVAEEncoder', 'DVAEDecoder', 'map_pixels', 'unmap_pixels', 'logit_laplace_nll', 'stats_to_image',
@@ -175,20 +176,25 @@ class DVAE(nnx.Module):
         "Token ids `[B, grid*grid]` (row-major) of images in [0, 1]: the most likely code at each position."
         return self.logits(images).argmax(-1).astype(jnp.int32).reshape(images.shape[0], -1)
 
-    def decode_stats(self, ids):
-        "The decoder's pixel statistics `[B, H, W, 2C]` for token ids `[B, grid*grid]`."
-        g = self.cfg.grid
-        if ids.shape[-1] != g * g: raise ValueError(f"DVAE: expected {g * g} token ids per image, got {ids.shape[-1]}")
-        return self.decoder.from_hidden(self.decoder.embed_ids(jnp.asarray(ids).reshape(-1, g, g)))
+# %% ../nbs/17_dvae.ipynb #a40c2d95
+@patch
+def decode_stats(self: DVAE, ids):
+    "The decoder's pixel statistics `[B, H, W, 2C]` for token ids `[B, grid*grid]`."
+    g = self.cfg.grid
+    if ids.shape[-1] != g * g:
+        raise ValueError(f"DVAE: expected {g * g} token ids per image, got {ids.shape[-1]}")
+    return self.decoder.from_hidden(self.decoder.embed_ids(jnp.asarray(ids).reshape(-1, g, g)))
 
-    def decode(self, ids):
-        "Images in [0, 1], `[B, H, W, C]`, of token ids `[B, grid*grid]`."
-        return stats_to_image(self.decode_stats(ids), self.cfg.logit_laplace_eps)
+@patch
+def decode(self: DVAE, ids):
+    "Images in [0, 1], `[B, H, W, C]`, of token ids `[B, grid*grid]`."
+    return stats_to_image(self.decode_stats(ids), self.cfg.logit_laplace_eps)
 
-    def __call__(self, images, key, tau):
-        "`(decoder statistics of a relaxed sample, encoder logits)` for training."
-        logits = self.logits(images)
-        return self.decoder(gumbel_softmax(logits, key, tau)), logits
+@patch
+def __call__(self: DVAE, images, key, tau):
+    "`(decoder statistics of a relaxed sample, encoder logits)` for training."
+    logits = self.logits(images)
+    return self.decoder(gumbel_softmax(logits, key, tau)), logits
 
 # %% ../nbs/17_dvae.ipynb #18b2c50f
 def codebook_usage_kl(logits):
