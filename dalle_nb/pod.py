@@ -210,8 +210,8 @@ def worker_start(run: str, argv, directory=f"~/{RUNS_DIR}", env=None) -> int:
      "the pid.")
     log, pid, code = _files(run, directory)
     log.parent.mkdir(parents=True, exist_ok=True)
-    if worker_status(run, directory) == "running": raise PodError(f"run {run} is already running here (pid "
-                                                                  f"{pid.read_text().strip()})")
+    if worker_status(run, directory) == "running":
+        raise PodError(f"run {run} is already running here (pid {pid.read_text().strip()})")
     code.unlink(missing_ok=True)
     with open(log, "ab") as f:
         f.write(f"=== {time.strftime('%Y-%m-%d %H:%M:%S')} {shlex.join(argv)}\n".encode()); f.flush()
