@@ -45,9 +45,11 @@ def _utcnow() -> str: return datetime.datetime.now(datetime.timezone.utc).isofor
 
 # %% ../nbs/14a_dataset.ipynb #8cd411a9
 def decode_image(data: bytes, size: int) -> np.ndarray:
-    "Image file bytes → uint8 `[size, size, 3]`: alpha composited on white, shorter side resized to `size`, centre crop."
+    ("Image file bytes → uint8 `[size, size, 3]`: alpha composited on white, shorter side resized to `size`, centre "
+     "crop.")
     with Image.open(io.BytesIO(data)) as im:
-        if im.format == "JPEG": im.draft("RGB", (size, size))     # let the JPEG decoder scale down by 1/2..1/8 (still ≥ size)
+        # let the JPEG decoder scale down by 1/2..1/8 (still ≥ size)
+        if im.format == "JPEG": im.draft("RGB", (size, size))
         im.load()
         if im.mode in ("RGBA", "LA", "PA") or (im.mode == "P" and "transparency" in im.info):
             im = im.convert("RGBA")
@@ -65,18 +67,21 @@ class Pair:
     caption_error: str | None = None      # why the caption's bytes could not be read as text
 
 def decode_caption(data: bytes) -> tuple[str | None, str | None]:
-    "`(text, None)` for UTF-8 (a BOM allowed) or UTF-16 (with a BOM, or plain ASCII-range text without one); else `(None, why)`."
+    ("`(text, None)` for UTF-8 (a BOM allowed) or UTF-16 (with a BOM, or plain ASCII-range text without one); else "
+     "`(None, why)`.")
     if data.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)): codec = "utf-16"
     elif len(data) >= 2 and not len(data) % 2 and not any(data[1::2]): codec = "utf-16-le"    # every other byte zero
     elif len(data) >= 2 and not len(data) % 2 and not any(data[0::2]): codec = "utf-16-be"
     else: codec = "utf-8-sig"
     try: return data.decode(codec).strip(), None
     except UnicodeDecodeError as e:
-        return None, f"caption is not {codec.upper().replace('-SIG', '')} (byte {e.start} is {data[e.start]:#04x}: Latin-1 or another legacy encoding?)"
+        return None, (f"caption is not {codec.upper().replace('-SIG', '')} (byte {e.start} is {data[e.start]:#04x}: "
+                      "Latin-1 or another legacy encoding?)")
 
 def _caption_of(path: Path) -> tuple[str | None, str | None]:
     return decode_caption(path.read_bytes()) if path.exists() else (None, None)
 
+# %% ../nbs/14a_dataset.ipynb #a9dda60a
 class FolderSource:
     "Image files under `root` (recursively, sorted), each captioned by the `.txt` file of the same name."
     kind = "folder"
@@ -99,6 +104,24 @@ def _wds_key(name: str):
     stem, _, ext = base.partition(".")
     return (f"{d}/{stem}" if d else stem), ext.lower()
 
+def _tar_samples(path: Path) -> tuple[dict, str | None]:
+    "A tar's members grouped by sample, `{key: {ext: TarInfo}}`, and what is wrong with the file (None: nothing)."
+    groups = {}
+    try:
+        with tarfile.open(path) as tf:
+            for m in tf:
+                if not m.isfile() or os.path.basename(m.name).startswith("."): continue
+                key, ext = _wds_key(m.name)
+                groups.setdefault(key, {})[ext] = m
+            end = tf.offset
+        if path.suffix == ".tar" and path.stat().st_size < end + 2 * tarfile.BLOCKSIZE:   # no end-of-archive blocks
+            return groups, (f"{path}: ends without tar's end-of-archive marker after {len(groups)} samples "
+                            "(truncated?)")
+    except (tarfile.TarError, OSError, EOFError) as e:
+        return groups, f"{path}: unreadable after {len(groups)} samples ({type(e).__name__}: {e})"
+    return groups, None
+
+# %% ../nbs/14a_dataset.ipynb #63d5e66c
 class TarSource:
     "webdataset `.tar` shards: members with the same key form one sample (image: jpg/jpeg/png/webp/…, caption: txt)."
     kind = "webdataset"
@@ -106,22 +129,13 @@ class TarSource:
         self.paths = [Path(p) for p in paths]
         self.samples, self.errors = [], []            # samples: (tar index, key, {ext: TarInfo})
         for t, path in enumerate(self.paths):
-            groups = {}
-            try:
-                with tarfile.open(path) as tf:
-                    for m in tf:
-                        if not m.isfile() or os.path.basename(m.name).startswith("."): continue
-                        key, ext = _wds_key(m.name)
-                        groups.setdefault(key, {})[ext] = m
-                    end = tf.offset
-                if path.suffix == ".tar" and path.stat().st_size < end + 2 * tarfile.BLOCKSIZE:   # no end-of-archive blocks
-                    self.errors.append(f"{path}: ends without tar's end-of-archive marker after {len(groups)} samples (truncated?)")
-            except (tarfile.TarError, OSError, EOFError) as e:
-                self.errors.append(f"{path}: unreadable after {len(groups)} samples ({type(e).__name__}: {e})")
+            groups, problem = _tar_samples(path)
+            if problem: self.errors.append(problem)
             self.samples += [(t, k, g) for k, g in groups.items()]
         self._open = {}
     def __len__(self): return len(self.samples)
-    def describe(self) -> dict: return {"kind": self.kind, "paths": [str(p.resolve()) for p in self.paths], "records": len(self)}
+    def describe(self) -> dict:
+        return {"kind": self.kind, "paths": [str(p.resolve()) for p in self.paths], "records": len(self)}
 
 # %% ../nbs/14a_dataset.ipynb #a96d27d5
 @patch_to(TarSource)
@@ -141,45 +155,59 @@ def iter_range(self, start: int, stop: int):
             cap, why = decode_caption(self._read(t, g["txt"])) if "txt" in g else (None, None)
             data = self._read(t, img) if img is not None else None
         except (tarfile.TarError, OSError, EOFError) as e:
-            yield Pair(f"{self.paths[t].name}:{key}", None, None, f"unreadable tar member ({type(e).__name__}: {e})"); continue
+            yield Pair(f"{self.paths[t].name}:{key}", None, None,
+                       f"unreadable tar member ({type(e).__name__}: {e})"); continue
         yield Pair(f"{self.paths[t].name}:{key}", data, cap, caption_error=why)
 
 # %% ../nbs/14a_dataset.ipynb #501bca96
+def _row_groups(path: Path, columns) -> list[int]:
+    "The row counts of a parquet file's row groups, after checking it opens and has `columns`."
+    try: pf = pq.ParquetFile(path)
+    except (pa.ArrowException, OSError) as e: raise EncodeError(f"{path}: not a readable parquet file ({e})") from None
+    names = pf.schema_arrow.names
+    if missing := [c for c in columns if c not in names]:
+        raise EncodeError(f"{path}: no column {missing[0]!r} (has {', '.join(names)}); "
+                          "choose with --image-column / --caption-column")
+    return [pf.metadata.row_group(i).num_rows for i in range(pf.metadata.num_row_groups)]
+
 class ParquetSource:
-    "Parquet files with image bytes (binary, or a `{bytes, path}` struct) in `image_column` and text in `caption_column`."
+    ("Parquet files with image bytes (binary, or a `{bytes, path}` struct) in `image_column` and text in "
+     "`caption_column`.")
     kind = "parquet"
     def __init__(self, paths, image_column: str = "image", caption_column: str = "caption"):
         self.paths, self.columns, self.errors = [Path(p) for p in paths], (image_column, caption_column), []
         self.spans, n = [], 0
         for p in self.paths:
-            try: pf = pq.ParquetFile(p)
-            except (pa.ArrowException, OSError) as e: raise EncodeError(f"{p}: not a readable parquet file ({e})") from None
-            missing = [c for c in self.columns if c not in pf.schema_arrow.names]
-            if missing: raise EncodeError(f"{p}: no column {missing[0]!r} (has {', '.join(pf.schema_arrow.names)}); "
-                                          "choose with --image-column / --caption-column")
-            rg = [pf.metadata.row_group(i).num_rows for i in range(pf.metadata.num_row_groups)]
+            rg = _row_groups(p, self.columns)
             self.spans.append((n, np.cumsum([0] + rg) + n)); n += sum(rg)
         self.n = n
     def __len__(self): return self.n
     def describe(self) -> dict:
-        return {"kind": self.kind, "paths": [str(p.resolve()) for p in self.paths], "records": len(self), "columns": list(self.columns)}
+        return {"kind": self.kind, "paths": [str(p.resolve()) for p in self.paths], "records": len(self),
+                "columns": list(self.columns)}
 
-    def _image(self, v, path: Path):
-        if isinstance(v, dict): v = v.get("bytes") or v.get("path")
-        if isinstance(v, str): v = path.parent / v       # a path, relative to the parquet file
-        return v
+# %% ../nbs/14a_dataset.ipynb #881c3655
+@patch_to(ParquetSource)
+def _image(self, v, path: Path):
+    "An image column's value: bytes, or a `Path` (a string is a path relative to the parquet file)."
+    if isinstance(v, dict): v = v.get("bytes") or v.get("path")
+    if isinstance(v, str): v = path.parent / v       # a path, relative to the parquet file
+    return v
 
-    def iter_range(self, start: int, stop: int):
-        for path, (first, bounds) in zip(self.paths, self.spans):
-            if bounds[-1] <= start or first >= stop: continue
-            groups = [g for g in range(len(bounds) - 1) if bounds[g + 1] > start and bounds[g] < stop]
-            row = int(bounds[groups[0]])
-            for batch in pq.ParquetFile(path).iter_batches(batch_size=256, row_groups=groups, columns=list(self.columns)):
-                imgs, capts = batch.column(0).to_pylist(), batch.column(1).to_pylist()
-                for i, (v, c) in enumerate(zip(imgs, capts)):
-                    if start <= row + i < stop:
-                        yield Pair(f"{path.name}#{row + i - first}", self._image(v, path), None if c is None else str(c).strip())
-                row += batch.num_rows
+@patch_to(ParquetSource)
+def iter_range(self, start: int, stop: int):
+    "The records `[start, stop)`, reading only the row groups they fall in."
+    for path, (first, bounds) in zip(self.paths, self.spans):
+        if bounds[-1] <= start or first >= stop: continue
+        groups = [g for g in range(len(bounds) - 1) if bounds[g + 1] > start and bounds[g] < stop]
+        row = int(bounds[groups[0]])
+        for batch in pq.ParquetFile(path).iter_batches(batch_size=256, row_groups=groups, columns=list(self.columns)):
+            imgs, capts = batch.column(0).to_pylist(), batch.column(1).to_pylist()
+            for i, (v, c) in enumerate(zip(imgs, capts)):
+                if start <= row + i < stop:
+                    yield Pair(f"{path.name}#{row + i - first}", self._image(v, path),
+                               None if c is None else str(c).strip())
+            row += batch.num_rows
 
 # %% ../nbs/14a_dataset.ipynb #29a8cc72
 def open_source(paths, image_column: str = "image", caption_column: str = "caption"):
@@ -202,7 +230,8 @@ def open_source(paths, image_column: str = "image", caption_column: str = "capti
 # %% ../nbs/14a_dataset.ipynb #36f55584
 @partial(jax.jit, static_argnums=0)
 def _encode_batch(graphs, params, images, text_ids):
-    "VQGAN codes (and CLIP scores, if `params` has a CLIP) of uint8 images; `graphs` (static) are the models' graph definitions."
+    ("VQGAN codes (and CLIP scores, if `params` has a CLIP) of uint8 images; `graphs` (static) are the models' graph "
+     "definitions.")
     x = images.astype(jnp.float32) / 255.0
     gv, gc = graphs if "clip" in params else (graphs, None)
     out = {"encoding": nnx.merge(gv, params["vqgan"]).encode(x)}
@@ -210,7 +239,8 @@ def _encode_batch(graphs, params, images, text_ids):
     return out
 
 class ShardedEncoder:
-    "VQGAN codes (and optional CLIP scores) of uint8 image batches, the batch split over `devices` (default: all local)."
+    ("VQGAN codes (and optional CLIP scores) of uint8 image batches, the batch split over `devices` (default: all "
+     "local).")
     def __init__(self, models: Models, batch_size: int = 64, clip_score: bool = False, devices=None):
         devices = list(jax.local_devices() if devices is None else devices)
         self.batch_size = -(-batch_size // len(devices)) * len(devices)
@@ -220,7 +250,9 @@ class ShardedEncoder:
         self._graphs, sv = nnx.split(models.vqgan)
         self._params, self.clip_text = {"vqgan": jax.device_put(sv, rep)}, None
         if clip_score:
-            if models.clip is None: raise EncodeError(f"model directory {models.path} has no CLIP (clip.msgpack): cannot compute clip scores")
+            if models.clip is None:
+                raise EncodeError(f"model directory {models.path} has no CLIP (clip.msgpack): cannot compute clip "
+                                  "scores")
             gc, sc = nnx.split(models.clip)
             self._graphs, self._params["clip"] = (self._graphs, gc), jax.device_put(sc, rep)
             self.clip_text = TextEncoder(models.text.tokenizer, models.cfg.clip.text_len)
@@ -230,10 +262,13 @@ class ShardedEncoder:
 def submit(self, images, captions):
     "Start encoding uint8 `[n, size, size, 3]` images (n ≤ batch_size); returns a handle for `collect`."
     n = len(images)
-    if not 0 < n <= self.batch_size: raise ValueError(f"ShardedEncoder: batches of 1..{self.batch_size} images, got {n}")
-    pad = lambda a: np.concatenate([a, np.zeros((self.batch_size - n, *a.shape[1:]), a.dtype)]) if n < self.batch_size else a
+    if not 0 < n <= self.batch_size:
+        raise ValueError(f"ShardedEncoder: batches of 1..{self.batch_size} images, got {n}")
+    fill = lambda a: np.zeros((self.batch_size - n, *a.shape[1:]), a.dtype)
+    pad = lambda a: np.concatenate([a, fill(a)]) if n < self.batch_size else a
     x = jax.device_put(pad(np.asarray(images, np.uint8)), batch_sharding(self.mesh, 4))
-    t = jax.device_put(pad(self.clip_text(list(captions))), batch_sharding(self.mesh, 2)) if self.clip_text is not None else None
+    t = None
+    if self.clip_text is not None: t = jax.device_put(pad(self.clip_text(list(captions))), batch_sharding(self.mesh, 2))
     return n, _encode_batch(self._graphs, self._params, x, t)
 
 @patch_to(ShardedEncoder)
@@ -264,6 +299,7 @@ def _write_json_atomic(path: Path, obj):
     with atomic_path(path) as tmp:
         with open(tmp, "w") as f: json.dump(obj, f, indent=1); f.flush(); os.fsync(f.fileno())
 
+# %% ../nbs/14a_dataset.ipynb #b43a0f33
 def _prepare(pair: Pair, size: int):
     "Decode one record on a worker thread: `(pair, image or None, skip reason or None, detail)`."
     if pair.error: return pair, None, "corrupt", pair.error
@@ -277,11 +313,14 @@ def _prepare(pair: Pair, size: int):
         return pair, None, "corrupt", f"{type(e).__name__}: {e}"[:200]
 
 def _shard_table(rows: dict, n_tokens: int, code_type) -> pa.Table:
+    "A shard's arrow table from the columns `_encode_range` collected (codes stored as `code_type`)."
     codes = np.concatenate(rows["encoding"]) if rows["encoding"] else np.zeros((0, n_tokens), np.int32)
     cols = {"key": pa.array(rows["key"], pa.string()), "caption": pa.array(rows["caption"], pa.string()),
-            "encoding": pa.FixedSizeListArray.from_arrays(pa.array(codes.reshape(-1).astype(code_type.to_pandas_dtype())), n_tokens)}
+            "encoding": pa.FixedSizeListArray.from_arrays(
+                pa.array(codes.reshape(-1).astype(code_type.to_pandas_dtype())), n_tokens)}
     if "clip_score" in rows:
-        cols["clip_score"] = pa.array(np.concatenate(rows["clip_score"]) if rows["clip_score"] else np.zeros(0), pa.float32())
+        scores = np.concatenate(rows["clip_score"]) if rows["clip_score"] else np.zeros(0)
+        cols["clip_score"] = pa.array(scores, pa.float32())
     return pa.table(cols)
 
 # %% ../nbs/14a_dataset.ipynb #12762dfb
@@ -300,20 +339,23 @@ def _encode_range(src, a: int, b: int, enc: ShardedEncoder, pool, bar, clip: boo
             else:
                 skipped[why] += 1
                 if len(errors) < 20: errors.append({"key": pair.key, "why": why, "detail": detail})
-        handle = enc.submit(np.stack(images), [p.caption for p in good]) if good else None   # runs while we decode on
+        handle = enc.submit(np.stack(images), [p.caption for p in good]) if good else None   # runs while we decode
         if pending is not None: finish(*pending)
         pending = (handle, good) if good else None
         bar.update(len(chunk))
     if pending is not None: finish(*pending)
     return rows, dict(skipped), errors
 
+# %% ../nbs/14a_dataset.ipynb #5bbfc970
 def _compatible(old: dict, new: dict, out: Path):
     "Refuse to add shards to a directory whose manifest describes another job."
     checks = {"format": (old.get("format"), new["format"]), "source": (old.get("source"), new["source"]),
               "VQGAN": (old.get("model", {}).get("vqgan_sha256"), new["model"]["vqgan_sha256"]),
               "shard size": (old.get("shard_size"), new["shard_size"]), "columns": (old.get("columns"), new["columns"])}
     for what, (a, b) in checks.items():
-        if a != b: raise EncodeError(f"{out / MANIFEST} was written for another {what} ({a} ≠ {b}); encode into a new --out directory")
+        if a != b:
+            raise EncodeError(f"{out / MANIFEST} was written for another {what} ({a} ≠ {b}); encode into a new --out "
+                              "directory")
 
 def _finished(out: Path, entry: dict) -> bool:
     "Is a manifest entry's shard on disk, readable, with the rows the manifest says?"
@@ -324,13 +366,17 @@ def _finished(out: Path, entry: dict) -> bool:
 def _job(src, models: Models, shard_size: int, clip_score: bool):
     "What a job's shards depend on (format, source, VQGAN, shard size, columns), and the arrow type of its codes."
     code_type = pa.int16() if models.cfg.vqgan.n_codes <= 32767 else pa.int32()
-    columns = {"key": "string", "caption": "string", "encoding": f"fixed_size_list<{code_type}>[{models.cfg.vqgan.n_tokens}]",
+    columns = {"key": "string", "caption": "string",
+               "encoding": f"fixed_size_list<{code_type}>[{models.cfg.vqgan.n_tokens}]",
                **({"clip_score": "float32"} if clip_score else {})}
-    return {"format": FORMAT, "source": src.describe(), "model": _model_info(models), "shard_size": shard_size, "columns": columns}, code_type
+    return {"format": FORMAT, "source": src.describe(), "model": _model_info(models), "shard_size": shard_size,
+            "columns": columns}, code_type
 
 def _open_manifest(out: Path, job: dict) -> dict:
-    "The manifest in `out` (a new one for `job` if none), checked against `job`, listing only the shards finished on disk."
-    try: man = json.loads((out / MANIFEST).read_text()) if (out / MANIFEST).exists() else {**job, "created": _utcnow(), "shards": []}
+    ("The manifest in `out` (a new one for `job` if none), checked against `job`, listing only the shards finished on "
+     "disk.")
+    fresh = {**job, "created": _utcnow(), "shards": []}
+    try: man = json.loads((out / MANIFEST).read_text()) if (out / MANIFEST).exists() else fresh
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise EncodeError(f"{out / MANIFEST}: not a readable manifest ({e}); move it away to start afresh") from None
     _compatible(man, job, out)
@@ -340,28 +386,46 @@ def _open_manifest(out: Path, job: dict) -> dict:
 def _summarise(out: Path, man: dict, src, complete: bool):
     "Total the shards' rows and skips into the manifest and write it atomically."
     man["shards"].sort(key=lambda s: s["index"])
-    man.update(rows=sum(s["rows"] for s in man["shards"]), skipped=dict(sum((Counter(s["skipped"]) for s in man["shards"]), Counter())),
+    man.update(rows=sum(s["rows"] for s in man["shards"]),
+               skipped=dict(sum((Counter(s["skipped"]) for s in man["shards"]), Counter())),
                source_errors=list(src.errors), complete=complete, updated=_utcnow())
     _write_json_atomic(out / MANIFEST, man)
 
-# %% ../nbs/14a_dataset.ipynb #3deb1562
-def encode_to_shards(source, out, models: Models, batch_size: int = 64, shard_size: int = 10_000, clip_score: bool = False,
-                     workers: int | None = None, progress: bool = True, devices=None, command: str = "") -> dict:
-    "Encode the image–caption records of `source` (a source, or paths for `open_source`) into token shards in `out`; returns the manifest."
-    src = source if hasattr(source, "iter_range") else open_source(source)
-    out = Path(out)
-    if shard_size < 1 or batch_size < 1: raise EncodeError(f"shard size and batch size must be positive, got {shard_size}, {batch_size}")
-    n = len(src)
-    if n == 0: raise EncodeError(f"{', '.join(src.describe()['paths'])}: no image–caption records found")
+# %% ../nbs/14a_dataset.ipynb #9ef40ffb
+def _prepare_out(out: Path):
+    "Make `out`, and remove what a crash left there: a shard or manifest cut short (by this or an older version)."
     out.mkdir(parents=True, exist_ok=True)
-    remove_stale_temps(out)                                                  # a shard or manifest cut short by a crash,
-    for stale in out.glob("[!.]*.tmp"): stale.unlink()                       # and by a crash of an older version
+    remove_stale_temps(out)
+    for stale in out.glob("[!.]*.tmp"): stale.unlink()
+
+def _write_shard(out: Path, k: int, rows: dict, n_tokens: int, code_type) -> str:
+    "Write shard `k` (whole or not at all) as `part-0000k.parquet`; returns its file name."
+    name = f"part-{k:05d}.parquet"
+    with atomic_path(out / name) as tmp:
+        pq.write_table(_shard_table(rows, n_tokens, code_type), tmp, compression="zstd")
+    return name
+
+def _new_run(man: dict, done: set, todo: list, command: str):
+    "Note this run in the manifest: when it started, the shards finished before it and those it encodes."
+    man.setdefault("runs", []).append({"started": _utcnow(), "shards_done_before": len(done),
+                                       "shards_to_encode": len(todo), **({"command": command} if command else {})})
+
+# %% ../nbs/14a_dataset.ipynb #3deb1562
+def encode_to_shards(source, out, models: Models, batch_size: int = 64, shard_size: int = 10_000,
+                     clip_score: bool = False, workers: int | None = None, progress: bool = True, devices=None,
+                     command: str = "") -> dict:
+    "Encode `source`'s records (a source, or paths for `open_source`) into token shards in `out`; returns the manifest."
+    src = source if hasattr(source, "iter_range") else open_source(source)
+    out, n = Path(out), len(src)
+    if shard_size < 1 or batch_size < 1:
+        raise EncodeError(f"shard size and batch size must be positive, got {shard_size}, {batch_size}")
+    if n == 0: raise EncodeError(f"{', '.join(src.describe()['paths'])}: no image–caption records found")
+    _prepare_out(out)
     job, code_type = _job(src, models, shard_size, clip_score)
     man = _open_manifest(out, job)
     n_shards, done = math.ceil(n / shard_size), {s["index"] for s in man["shards"]}
     todo = [k for k in range(n_shards) if k not in done]
-    man.setdefault("runs", []).append({"started": _utcnow(), "shards_done_before": len(done), "shards_to_encode": len(todo),
-                                       **({"command": command} if command else {})})
+    _new_run(man, done, todo, command)
     _summarise(out, man, src, not todo)
     if not todo: return man
     enc = ShardedEncoder(models, batch_size, clip_score, devices)
@@ -372,10 +436,8 @@ def encode_to_shards(source, out, models: Models, batch_size: int = 64, shard_si
         for k in todo:
             a, b = k * shard_size, min(n, (k + 1) * shard_size)
             rows, skipped, errors = _encode_range(src, a, b, enc, pool, bar, clip_score)
-            name = f"part-{k:05d}.parquet"
-            with atomic_path(out / name) as tmp: pq.write_table(_shard_table(rows, enc.n_tokens, code_type), tmp,
-                                                                compression="zstd")
-            man["shards"].append({"index": k, "file": name, "records": [a, b], "rows": len(rows["key"]), "skipped": skipped, "errors": errors})
+            man["shards"].append({"index": k, "file": _write_shard(out, k, rows, enc.n_tokens, code_type),
+                                  "records": [a, b], "rows": len(rows["key"]), "skipped": skipped, "errors": errors})
             _summarise(out, man, src, len(man["shards"]) == n_shards)
             bar.set_postfix(shards=f"{len(man['shards'])}/{n_shards}", skipped=sum(man["skipped"].values()))
     return man
@@ -387,7 +449,8 @@ def read_manifest(path) -> dict:
     if path.is_dir(): path = path / MANIFEST
     try: man = json.loads(path.read_text())
     except FileNotFoundError: raise ShardError(f"{path}: no such manifest") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as e: raise ShardError(f"{path}: not a readable manifest ({e})") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ShardError(f"{path}: not a readable manifest ({e})") from None
     if man.get("format") != FORMAT: raise ShardError(f"{path}: format {man.get('format')!r}, expected {FORMAT!r}")
     return man
 
@@ -395,11 +458,13 @@ def _footer(path: Path):
     "A parquet file's metadata (rows, schema) from its footer; any failure is a `ShardError`."
     try: return pq.ParquetFile(path).metadata
     except FileNotFoundError: raise ShardError(f"{path}: no such shard") from None
-    except (pa.ArrowException, OSError) as e: raise ShardError(f"{path}: not a readable parquet shard (truncated or corrupt: {e})") from None
+    except (pa.ArrowException, OSError) as e:
+        raise ShardError(f"{path}: not a readable parquet shard (truncated or corrupt: {e})") from None
 
 # %% ../nbs/14a_dataset.ipynb #687bd6c9
 def shard_files(path) -> list[tuple[Path, int]]:
-    "`(file, rows)` of every shard of a dataset: a directory (with or without manifest), a parquet file, or a list of them."
+    ("`(file, rows)` of every shard of a dataset: a directory (with or without manifest), a parquet file, or a list of "
+     "them.")
     if isinstance(path, (list, tuple)): return [x for p in path for x in shard_files(p)]
     path = Path(path)
     if path.is_dir() and (path / MANIFEST).exists():

@@ -66,14 +66,15 @@ class PodSpec:
         if self.project is not None: check_name("project", self.project)
         if self.provisioning not in ("spot", "preemptible", "standard"):
             raise PodError(f"provisioning {self.provisioning!r}: choose spot, preemptible or standard")
-        if not re.fullmatch(r"python3\.[0-9]+", self.python): raise PodError(f"python {self.python!r}: expected like "
-                                                                             "python3.11")
+        if not re.fullmatch(r"python3\.[0-9]+", self.python):
+            raise PodError(f"python {self.python!r}: expected like python3.11")
 
     @property
     def workers(self) -> int:
         "Hosts in the pod: 8 TensorCores each on v2/v3/v4 (v3-256 → 32)."
         return max(1, _cores(self.accelerator) // 8)
 
+# %% ../nbs/16_pod.ipynb #d91149c5
 def gcs_bucket(path: str) -> str | None:
     "The bucket of a `gs://bucket/...` path (None for any other path)."
     if not str(path).startswith("gs://"): return None
@@ -109,18 +110,21 @@ class TrainJob:
         "GCS buckets the job reads or writes (setup mounts them)."
         return tuple(sorted({b for p in (self.workdir, *self.data) if (b := gcs_bucket(p))}))
 
-    def argv(self, coordinator: str | None = "auto", num_processes: int | None = None, process_id: int | None = None,
-             exe=("dalle-nb",)) -> list[str]:
-        "The `dalle-nb train` argument list one process runs (`coordinator='auto'`: a Cloud TPU pod finds its peers itself)."
-        a = [*exe, "train", "--preset", self.preset, "--workdir", on_worker(self.workdir), "--quiet"]
-        if self.stages: a += ["--stages", ",".join(self.stages)]
-        if self.mesh: a += ["--mesh", self.mesh]
-        if self.optimizer: a += ["--optimizer", self.optimizer]
-        for s in self.sets: a += ["--set", s]
-        for d in self.data: a += ["--data", on_worker(d)]
-        if coordinator: a += ["--coordinator", coordinator]
-        if num_processes is not None: a += ["--num-processes", str(num_processes), "--process-id", str(process_id)]
-        return a
+# %% ../nbs/16_pod.ipynb #f556fb8c
+@patch
+def argv(self: TrainJob, coordinator: str | None = "auto", num_processes: int | None = None,
+         process_id: int | None = None, exe=("dalle-nb",)) -> list[str]:
+    ("The `dalle-nb train` argument list one process runs (`coordinator='auto'`: a Cloud TPU pod finds its peers "
+     "itself).")
+    a = [*exe, "train", "--preset", self.preset, "--workdir", on_worker(self.workdir), "--quiet"]
+    if self.stages: a += ["--stages", ",".join(self.stages)]
+    if self.mesh: a += ["--mesh", self.mesh]
+    if self.optimizer: a += ["--optimizer", self.optimizer]
+    for s in self.sets: a += ["--set", s]
+    for d in self.data: a += ["--data", on_worker(d)]
+    if coordinator: a += ["--coordinator", coordinator]
+    if num_processes is not None: a += ["--num-processes", str(num_processes), "--process-id", str(process_id)]
+    return a
 
 # %% ../nbs/16_pod.ipynb #10377122
 PREAMBLE = f'export PATH="$HOME/{VENV}/bin:$HOME/.local/bin:$PATH"'
@@ -151,15 +155,17 @@ class DryRun:
         if self.echo: self.echo("$ " + shlex.join(argv))
         return Result()
 
+# %% ../nbs/16_pod.ipynb #c0d1805a
 class Shell:
-    "Runs each command (no shell: an argument list); `capture` returns its output; `check` raises `PodError` on failure."
+    ("Runs each command (no shell: an argument list); `capture` returns its output; `check` raises `PodError` on "
+     "failure.")
     dry = False
     def __init__(self, echo=print): self.echo = echo
     def __call__(self, argv, capture: bool = False, check: bool = True) -> Result:
         if self.echo: self.echo("$ " + shlex.join(argv))
         try: r = subprocess.run(list(argv), capture_output=capture, text=True)
-        except FileNotFoundError: raise PodError(f"{argv[0]}: command not found (install the Google Cloud CLI for "
-                                                 "gcloud)") from None
+        except FileNotFoundError:
+            raise PodError(f"{argv[0]}: command not found (install the Google Cloud CLI for gcloud)") from None
         if check and r.returncode:
             why = (r.stderr or "").strip().splitlines()[-1:] if capture else []
             raise PodError(f"`{shlex.join(argv)[:200]}` failed with exit status "
@@ -200,17 +206,19 @@ def _supervise():
     tmp = code.with_suffix(".exit.tmp"); tmp.write_text(f"{rc}\n"); tmp.replace(code)
 
 def worker_start(run: str, argv, directory=f"~/{RUNS_DIR}", env=None) -> int:
-    "Start `argv` detached (log, pid and exit code in `directory`); refuses if `run` is already running here. Returns the pid."
+    ("Start `argv` detached (log, pid and exit code in `directory`); refuses if `run` is already running here. Returns "
+     "the pid.")
     log, pid, code = _files(run, directory)
     log.parent.mkdir(parents=True, exist_ok=True)
-    if worker_status(run, directory) == "running": raise PodError(f"run {run} is already running here (pid "
-                                                                  f"{pid.read_text().strip()})")
+    if worker_status(run, directory) == "running":
+        raise PodError(f"run {run} is already running here (pid {pid.read_text().strip()})")
     code.unlink(missing_ok=True)
     with open(log, "ab") as f:
         f.write(f"=== {time.strftime('%Y-%m-%d %H:%M:%S')} {shlex.join(argv)}\n".encode()); f.flush()
         p = subprocess.Popen([sys.executable, "-c", "from dalle_nb.pod import _supervise; _supervise()",
                               str(log.parent), run, *argv],
-                             stdin=subprocess.DEVNULL, stdout=f, stderr=subprocess.STDOUT, start_new_session=True, env=env)
+                             stdin=subprocess.DEVNULL, stdout=f, stderr=subprocess.STDOUT, start_new_session=True,
+                             env=env)
     pid.write_text(f"{p.pid}\n")
     return p.pid
 
@@ -236,11 +244,12 @@ def worker_stop(run: str, directory=f"~/{RUNS_DIR}", grace: float = 30.0) -> str
 
 # %% ../nbs/16_pod.ipynb #5f2bbbc6
 def source_root() -> Path | None:
-    "The source checkout this package runs from (the folder with pyproject.toml and dalle_nb/), or None for an installed wheel."
+    ("The source checkout this package runs from (the folder with pyproject.toml and dalle_nb/), or None for an "
+     "installed wheel.")
     try: here = Path(__file__).resolve().parent
     except NameError: here = Path.cwd()                     # run inside the notebook
-    return next((d for d in (here, *here.parents) if (d / "pyproject.toml").exists() and (d / "dalle_nb").is_dir()),
-                None)
+    found = (d for d in (here, *here.parents) if (d / "pyproject.toml").exists() and (d / "dalle_nb").is_dir())
+    return next(found, None)
 
 def build_wheel(out_dir, root=None, runner=None) -> Path:
     "Build a wheel of this package from its source checkout (`pip wheel --no-deps`) into `out_dir`; returns its path."
@@ -254,20 +263,21 @@ def build_wheel(out_dir, root=None, runner=None) -> Path:
     before = set(out_dir.glob("dalle_nb-*.whl"))
     runner([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(out_dir), str(root)])
     if dry: return out_dir / "dalle_nb-VERSION-py3-none-any.whl"
-    new = sorted(set(out_dir.glob("dalle_nb-*.whl")) - before) or sorted(out_dir.glob("dalle_nb-*.whl"),
-                                                                         key=lambda p: p.stat().st_mtime)
+    new = (sorted(set(out_dir.glob("dalle_nb-*.whl")) - before)
+           or sorted(out_dir.glob("dalle_nb-*.whl"), key=lambda p: p.stat().st_mtime))
     if not new: raise PodError(f"pip wheel wrote no dalle_nb wheel into {out_dir}")
     return new[-1]
 
+# %% ../nbs/16_pod.ipynb #9500f56a
 def _gcsfuse_setup(bucket: str) -> str:
     "Shell text that installs gcsfuse if needed and mounts `bucket` at /mnt/gcs/<bucket> (bucket validated)."
     b, mnt = check_name("bucket", bucket), shlex.quote(f"{GCS_ROOT}/{bucket}")
-    return ("(command -v gcsfuse >/dev/null || (curl -fsSL https://packages.cloud.google.com/apt/doc/apt-key.gpg | "
-            "sudo tee /usr/share/keyrings/cloud.google.asc >/dev/null"
-            " && echo \"deb [signed-by=/usr/share/keyrings/cloud.google.asc] https://packages.cloud.google.com/apt "
-            "gcsfuse-$(lsb_release -c -s) main\""
-            " | sudo tee /etc/apt/sources.list.d/gcsfuse.list >/dev/null && sudo apt-get update -qq && sudo apt-get "
-            "install -y -qq gcsfuse))"
+    return ("(command -v gcsfuse >/dev/null || (curl -fsSL https://packages.cloud.google.com/apt/doc/apt-key.gpg"
+            " | sudo tee /usr/share/keyrings/cloud.google.asc >/dev/null"
+            " && echo \"deb [signed-by=/usr/share/keyrings/cloud.google.asc] https://packages.cloud.google.com/apt"
+            " gcsfuse-$(lsb_release -c -s) main\""
+            " | sudo tee /etc/apt/sources.list.d/gcsfuse.list >/dev/null"
+            " && sudo apt-get update -qq && sudo apt-get install -y -qq gcsfuse))"
             f" && sudo mkdir -p {mnt} && sudo chown \"$USER\" {mnt}"
             f" && (mountpoint -q {mnt} || gcsfuse --implicit-dirs --rename-dir-limit=1000000 {shlex.quote(b)} {mnt})")
 
@@ -295,15 +305,15 @@ def create(self: TPUPod):
     "Create the pod (spot/preemptible as the spec says)."
     s = self.spec
     extra = {"spot": ["--spot"], "preemptible": ["--preemptible"], "standard": []}[s.provisioning]
-    return self.run(self.gcloud("create", s.name, f"--accelerator-type={s.accelerator}", f"--version={s.version}",
-                                *extra))
+    flags = [f"--accelerator-type={s.accelerator}", f"--version={s.version}", *extra]
+    return self.run(self.gcloud("create", s.name, *flags))
 
 @patch
 def setup(self: TPUPod, wheel, mounts=()):
     "Install `wheel` (a path to a dalle_nb wheel) with its `tpu` extra on every worker; mount GCS buckets `mounts`."
     wheel = Path(wheel)
-    if not re.fullmatch(r"dalle_nb-[A-Za-z0-9_.+!-]+\.whl", wheel.name): raise PodError(f"{wheel}: not a dalle_nb "
-                                                                                        "wheel file")
+    if not re.fullmatch(r"dalle_nb-[A-Za-z0-9_.+!-]+\.whl", wheel.name):
+        raise PodError(f"{wheel}: not a dalle_nb wheel file")
     if not getattr(self.run, "dry", False) and not wheel.exists(): raise PodError(f"{wheel}: no such file")
     py, venv = self.spec.python, f"$HOME/{VENV}"
     install = (f"sudo apt-get update -qq && sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -qq {py} {py}-venv"
@@ -359,29 +369,38 @@ def list(self: TPUPod) -> list[dict]:
     return [{"name": x.get("name", "").rsplit("/", 1)[-1], "state": x.get("state", ""),
              "accelerator": x.get("acceleratorType", "")} for x in rows]
 
-# %% ../nbs/16_pod.ipynb #08754e32
+# %% ../nbs/16_pod.ipynb #579abf14
 GONE = ("PREEMPTED", "TERMINATED", "STOPPED", "NOT_FOUND")
 
+def _relaunch(pod: TPUPod, job: TrainJob, wheel, why: str, recreate: bool):
+    "Launch `job` again: on a new pod (the old one `why`: preempted, gone…), or on the same pod after stopping its run."
+    if recreate:
+        if why != "NOT_FOUND": pod.delete()
+        pod.create(); pod.setup(wheel, job.buckets)
+    else: pod.stop(job.run)
+    pod.launch(job)
+
+def _watch_dry(pod: TPUPod, job: TrainJob, wheel, say=print) -> str:
+    "What `watch` would run: the check it repeats, and the relaunch after a preemption."
+    say("# check:"); pod.state(); pod.run_status(job.run)
+    say("# on PREEMPTED / TERMINATED / NOT_FOUND:")
+    _relaunch(pod, job, wheel, "PREEMPTED", recreate=True)
+    return "dry run"
+
+# %% ../nbs/16_pod.ipynb #08754e32
 def watch(pod: TPUPod, job: TrainJob, wheel, max_restarts: int = 10, poll: float = 300.0, sleep=time.sleep, say=print,
           max_polls: int | None = None) -> str:
-    "Keep `job` running on `pod` through preemptions (at most `max_restarts` relaunches). Returns 'done', or why it gave up."
-    if not getattr(pod.run, "dry", False) and not Path(wheel).exists(): raise PodError(f"{wheel}: no such file (watch "
-                                                                                       "reinstalls it on new pods)")
-    if getattr(pod.run, "dry", False):
-        say("# check:"); pod.state(); pod.run_status(job.run)
-        say("# on PREEMPTED / TERMINATED / NOT_FOUND:"); pod.delete(); pod.create(); pod.setup(wheel, job.buckets); pod.launch(job)
-        return "dry run"
+    ("Keep `job` running on `pod` through preemptions (at most `max_restarts` relaunches). Returns 'done', or why it "
+     "gave up.")
+    if getattr(pod.run, "dry", False): return _watch_dry(pod, job, wheel, say)
+    if not Path(wheel).exists(): raise PodError(f"{wheel}: no such file (watch reinstalls it on new pods)")
     restarts, launched, polls = 0, False, 0
     def relaunch(why: str, recreate: bool) -> bool:
         nonlocal restarts, launched
         if restarts >= max_restarts: return False
         restarts += 1
         say(f"watch: {why}: relaunch {restarts} of at most {max_restarts}")
-        if recreate:
-            if why != "NOT_FOUND": pod.delete()
-            pod.create(); pod.setup(wheel, job.buckets)
-        else: pod.stop(job.run)
-        pod.launch(job); launched = True
+        _relaunch(pod, job, wheel, why, recreate); launched = True
         return True
     while max_polls is None or polls < max_polls:
         polls += 1
@@ -412,8 +431,8 @@ def _exe() -> str:
 class LocalPod:
     "N processes on localhost with D fake CPU devices each, joined by `jax.distributed`: a pod without a pod."
     def __init__(self, root, processes: int = 2, devices: int = 2, dry_run: bool = False, say=print):
-        if processes < 1 or devices < 1: raise PodError("LocalPod needs processes >= 1 and devices >= 1, got "
-                                                        f"{processes}, {devices}")
+        if processes < 1 or devices < 1:
+            raise PodError(f"LocalPod needs processes >= 1 and devices >= 1, got {processes}, {devices}")
         self.root, self.processes, self.devices, self.dry_run, self.say = Path(root), processes, devices, dry_run, say
 
     def worker_dir(self, i: int) -> Path: return self.root / f"worker-{i}"
@@ -425,11 +444,11 @@ class LocalPod:
     def env(self, job: TrainJob) -> dict:
         "The environment of every process: D fake CPU devices, unbuffered output, the job's variables."
         return {**os.environ, "XLA_FLAGS": f"--xla_force_host_platform_device_count={self.devices}",
-                "JAX_PLATFORMS": "cpu",
-                "PYTHONUNBUFFERED": "1", **dict(job.env)}
+                "JAX_PLATFORMS": "cpu", "PYTHONUNBUFFERED": "1", **dict(job.env)}
 
     def launch(self, job: TrainJob, port: int | None = None) -> list:
-        "Start every process of `job` (detached, logs under `root/worker-I/`); returns their pids (or the commands, dry run)."
+        ("Start every process of `job` (detached, logs under `root/worker-I/`); returns their pids (or the commands, "
+         "dry run).")
         cmds = self.commands(job, port or free_port())
         if self.dry_run:
             for i, c in enumerate(cmds): self.say(f"$ {shlex.join(c)}    # worker {i}, {self.devices} CPU devices")

@@ -28,7 +28,8 @@ STAGES = {"vqgan": VQGAN_STAGE, "dvae": DVAE_STAGE, "decoder": DECODER_STAGE, "b
 TOKEN_STAGES = ("bart", "dalle")                      # text → image tokens: they read token shards (`--data`)
 
 def stages_for(cfg: RunConfig) -> tuple:
-    "The stages of a run with `cfg`: its image tokenizer's (VQGAN + decoder fine-tune, or dVAE), its transformer's, CLIP."
+    ("The stages of a run with `cfg`: its image tokenizer's (VQGAN + decoder fine-tune, or dVAE), its transformer's, "
+     "CLIP.")
     tok = ("vqgan", "decoder") if cfg.image_tokenizer == "vqgan" else ("dvae",)
     return tuple(s for s in STAGES if s in tok + (cfg.arch, "clip"))
 
@@ -38,7 +39,8 @@ def _models_of(cfg: RunConfig) -> set:
 
 # %% ../nbs/15b_recipe.ipynb #5b6a10d7
 def _train_seconds(history: list) -> float:
-    "Seconds a stage trained, from its history's clock: the last reading of each run, summed (a clock that restarts marks a resume)."
+    ("Seconds a stage trained, from its history's clock: the last reading of each run, summed (a clock that restarts "
+     "marks a resume).")
     total, last = 0.0, 0.0
     for row in history:
         s = row.get("seconds", 0.0)
@@ -48,18 +50,22 @@ def _train_seconds(history: list) -> float:
 
 # %% ../nbs/15b_recipe.ipynb #0a31653c
 def _card(cfg: RunConfig, hists: dict, command: str, prev: str = "") -> str:
-    "Model card: every command that built the model (oldest first) and one row per stage; rows of stages not retrained are kept from `prev`."
+    ("Model card: every command that built the model (oldest first) and one row per stage; rows of stages not "
+     "retrained are kept from `prev`.")
     stages = STAGES
     def widen(row):                      # rows of cards written before the optimizer column: optimizer unknown
         cells = row.split("|")
         return row if len(cells) == 9 else "|".join(cells[:4] + [" — "] + cells[4:])
-    old_rows = {l.split("|")[1].strip(): widen(l) for l in prev.splitlines() if l.startswith("| ") and l.split("|")[1].strip() in stages}
+    old_rows = {l.split("|")[1].strip(): widen(l) for l in prev.splitlines() if l.startswith("| ")
+                and l.split("|")[1].strip() in stages}
     old_cmds = [l for l in prev.splitlines() if l.startswith("- `")]
-    old_cmds += [f"- {l[len('Command: '):]} → {', '.join(s for s in stages if s in old_rows)}" for l in prev.splitlines() if l.startswith("Command: ")]
+    old_cmds += [f"- {l[len('Command: '):]} → {', '.join(s for s in stages if s in old_rows)}"
+                 for l in prev.splitlines() if l.startswith("Command: ")]
     lines = [f"# dalle_nb model `{cfg.name}`", "", "Trained by this package on its embedded shapes dataset "
              f"({cfg.data.n_train:,} training images, seed {cfg.data.seed}).", "", "Made by, in order:", "",
              *old_cmds, f"- `{command}` → {', '.join(hists)}", "",
-             "| stage | steps | batch | optimizer | minutes | final train loss | final validation metrics |", "|---|---|---|---|---|---|---|"]
+             "| stage | steps | batch | optimizer | minutes | final train loss | final validation metrics |",
+             "|---|---|---|---|---|---|---|"]
     for stage in stages:
         if stage not in hists:
             if stage in old_rows: lines.append(old_rows[stage])
@@ -73,7 +79,8 @@ def _card(cfg: RunConfig, hists: dict, command: str, prev: str = "") -> str:
 
 # %% ../nbs/15b_recipe.ipynb #f89ec11a
 def _checked_stages(cfg: RunConfig, stages, data) -> tuple:
-    "The stages to train, in the table's order, after checking they exist, belong to `cfg`'s run and (with `data`) read tokens."
+    ("The stages to train, in the table's order, after checking they exist, belong to `cfg`'s run and (with `data`) "
+     "read tokens.")
     stages = stages_for(cfg) if stages is None else tuple(stages)
     bad = set(stages) - set(STAGES)
     if bad: raise TrainSetupError(f"unknown stage(s) {sorted(bad)}; choose from {','.join(STAGES)}")
@@ -88,6 +95,7 @@ def _checked_stages(cfg: RunConfig, stages, data) -> tuple:
                               f"{cfg.arch} (stages now: {','.join(stages)})")
     return stages
 
+# %% ../nbs/15b_recipe.ipynb #6e2cfa34
 def _previous(cfg: RunConfig, out: Path, stages) -> Models | None:
     "The existing model directory a partial run keeps the other stages' models from (checked), or None for a full run."
     needed = _models_of(cfg)
@@ -105,9 +113,24 @@ def _previous(cfg: RunConfig, out: Path, stages) -> Models | None:
                               "first")
     return prev
 
+# %% ../nbs/15b_recipe.ipynb #49640f59
+def _text_encoder(cfg: RunConfig, prev: Models | None, captions) -> TextEncoder:
+    "The run's text encoder: the existing model's (a partial run) or one trained on `captions`, padding to `text_len`."
+    if prev is None:
+        return TextEncoder(train_tokenizer(captions, vocab_size=min(cfg.text_vocab, cfg.clip.text_vocab)), cfg.text_len)
+    if prev.text.max_len == cfg.text_len: return prev.text
+    return TextEncoder(prev.text.tokenizer, cfg.text_len, normalizer=prev.text.normalizer)   # the other arch's length
+
+def _on_host(module):
+    "`module` with its arrays copied to the host when they are spread over several processes (a collective)."
+    if module is None or jax.process_count() == 1: return module
+    nnx.update(module, jax.tree.map(to_host, nnx.state(module)))
+    return module
+
 # %% ../nbs/15b_recipe.ipynb #3ab7d89e
 def train_all(cfg: RunConfig, workdir, stages=None, progress: bool = True, command: str = "", data=None) -> Path:
-    "Train the tokenizer and the requested stages (default: all of `cfg`'s); write (or update) the model directory `workdir/model` (process 0 writes). `data`: token shard directories for the transformer stage."
+    ("Train the tokenizer and the requested stages (default: all of `cfg`'s); write (or update) the model directory "
+     "`workdir/model` (process 0 writes). `data`: token shard directories for the transformer stage.")
     workdir = Path(workdir); workdir.mkdir(parents=True, exist_ok=True)
     out = workdir / "model"
     stages = _checked_stages(cfg, stages, data)
@@ -115,10 +138,7 @@ def train_all(cfg: RunConfig, workdir, stages=None, progress: bool = True, comma
     d = cfg.data
     images, captions = make_split("train", d.n_train, d.seed) if not data else (None, None)
     val_images, val_captions = make_split("val", d.n_val, d.seed) if not data else (None, None)
-    text = prev.text if prev is not None else TextEncoder(train_tokenizer(captions,
-                                                                          vocab_size=min(cfg.text_vocab, cfg.clip.text_vocab)), cfg.text_len)
-    # the other architecture's length
-    if text.max_len != cfg.text_len: text = TextEncoder(text.tokenizer, cfg.text_len, normalizer=text.normalizer)
+    text = _text_encoder(cfg, prev, captions)
     hists = {}
     m = {n: getattr(prev, n) if prev is not None else None for n in ("vqgan", "bart", "clip", "dvae", "dalle")}
     for stage in stages:
@@ -131,15 +151,9 @@ def train_all(cfg: RunConfig, workdir, stages=None, progress: bool = True, comma
     models = Models(cfg, text, m["vqgan"], m["bart"], m["clip"], dvae=m["dvae"], dalle=m["dalle"],
                     clip_text=prev.clip_text if prev is not None else None)
     if is_primary():
-        save_models(out, models, card=_card(cfg, hists, command or f"train_all(get_config({cfg.name!r}), ...)",
-                                            prev.card if prev is not None else ""))
+        command = command or f"train_all(get_config({cfg.name!r}), ...)"
+        save_models(out, models, card=_card(cfg, hists, command, prev.card if prev is not None else ""))
         # the curves travel with the model
         for stage, h in hists.items(): (out / f"history_{stage}.json").write_text(json.dumps(h))
     if jax.process_count() > 1: multihost_utils.sync_global_devices("dalle_nb:model-directory-written")
     return out
-
-def _on_host(module):
-    "`module` with its arrays copied to the host when they are spread over several processes (a collective)."
-    if module is None or jax.process_count() == 1: return module
-    nnx.update(module, jax.tree.map(to_host, nnx.state(module)))
-    return module

@@ -62,12 +62,13 @@ def unnamed_params(module) -> list[str]:
 
 # %% ../nbs/12_sharding.ipynb #958361ca
 def make_mesh(dp: int = -1, fsdp: int = 1, mp: int = 1, devices=None) -> Mesh:
-    "A `('dp','fsdp','mp')` mesh over `devices` (default: all, in the hardware's preferred order); one size may be -1 (the rest)."
+    ("A `('dp','fsdp','mp')` mesh over `devices` (default: all, in the hardware's preferred order); one size may be -1 "
+     "(the rest).")
     devs = jax.devices() if devices is None else list(np.asarray(devices).ravel())
     sizes = [dp, fsdp, mp]
     if sizes.count(-1) > 1: raise ValueError("make_mesh: at most one axis size may be -1")
-    if any(s == 0 or s < -1 for s in sizes): raise ValueError("make_mesh: axis sizes must be positive (or -1), got "
-                                                              f"{sizes}")
+    if any(s == 0 or s < -1 for s in sizes):
+        raise ValueError(f"make_mesh: axis sizes must be positive (or -1), got {sizes}")
     known = int(np.prod([s for s in sizes if s != -1]))
     if -1 in sizes:
         if len(devs) % known: raise ValueError(f"make_mesh: {len(devs)} devices do not divide into {sizes}")
@@ -78,8 +79,10 @@ def make_mesh(dp: int = -1, fsdp: int = 1, mp: int = 1, devices=None) -> Mesh:
     else: grid = np.asarray(devs).reshape(sizes)
     return Mesh(grid, MESH_AXES, axis_types=(AxisType.Auto,) * 3)
 
+# %% ../nbs/12_sharding.ipynb #c5b106e8
 def mesh_from_spec(spec: str, devices=None) -> Mesh:
-    "The mesh a layout string such as `'dp=-1,mp=8'` (`dalle_nb.config.parse_mesh`) describes, over `devices` (default: all; without a -1, the first dp·fsdp·mp)."
+    ("The mesh a layout string such as `'dp=-1,mp=8'` (`dalle_nb.config.parse_mesh`) describes, over `devices` "
+     "(default: all; without a -1, the first dp·fsdp·mp).")
     sizes = parse_mesh(spec)
     if devices is None and -1 not in sizes.values():
         n = int(np.prod(list(sizes.values())))
@@ -113,6 +116,7 @@ def fit_spec(spec: P, shape, mesh) -> P:
         return axes if dim % n == 0 else None
     return P(*(ok(d, a) for d, a in zip(shape, tuple(spec) + (None,) * (len(shape) - len(spec)))))
 
+# %% ../nbs/12_sharding.ipynb #7fea9aa5
 def state_shardings(state, mesh: Mesh, rules=RULES):
     "`NamedSharding`s on `mesh` for every variable in `state` (dimensions that don't divide evenly stay whole)."
     def one(v):
@@ -131,7 +135,8 @@ def sharded_init(make, mesh: Mesh, rules=RULES):
 
 # %% ../nbs/12_sharding.ipynb #f2a21b63
 def bytes_per_device(state, shardings=None) -> int:
-    "The largest number of bytes any one device holds of `state` (abstract or concrete), laid out by `shardings` — or, without them, by each array's own `.sharding` (an array without one counts whole)."
+    ("The largest number of bytes any one device holds of `state` (abstract or concrete), laid out by `shardings` — "
+     "or, without them, by each array's own `.sharding` (an array without one counts whole).")
     per, whole = {}, 0
     def add(v, s):
         nonlocal whole
@@ -153,7 +158,8 @@ def _effective(axes, mesh):
     return None if not kept else kept[0] if len(kept) == 1 else kept
 
 def partition_specs(state, mesh_shape: dict, rules=RULES) -> dict:
-    "`{path: {'shape', 'names', 'spec'}}` for every variable of `state` on a mesh of `mesh_shape` axis sizes (no devices needed)."
+    ("`{path: {'shape', 'names', 'spec'}}` for every variable of `state` on a mesh of `mesh_shape` axis sizes (no "
+     "devices needed).")
     unknown = set(mesh_shape) - set(MESH_AXES)
     if unknown: raise ValueError(f"partition_specs: unknown mesh axes {sorted(unknown)}; the mesh axes are {MESH_AXES}")
     mesh = jax.sharding.AbstractMesh(tuple(int(mesh_shape.get(a, 1)) for a in MESH_AXES), MESH_AXES,
@@ -188,7 +194,8 @@ def shard_batch(batch, mesh: Mesh, rules=RULES):
 
 # %% ../nbs/12_sharding.ipynb #fb6979f4
 def batch_slice(mesh: Mesh, global_batch: int, rules=RULES) -> tuple[int, int]:
-    "`(index, count)`: this process's devices hold rows `[index·b, (index+1)·b)` of the global batch, `b = global_batch / count`."
+    ("`(index, count)`: this process's devices hold rows `[index·b, (index+1)·b)` of the global batch, `b = "
+     "global_batch / count`.")
     n = data_shards(mesh, rules)
     if global_batch % n: raise ValueError(f"batch of {global_batch} does not split over the {n} data-parallel devices "
                                           f"of mesh {dict(mesh.shape)}")
@@ -201,7 +208,8 @@ def batch_slice(mesh: Mesh, global_batch: int, rules=RULES) -> tuple[int, int]:
     return start // (stop - start), global_batch // (stop - start)
 
 def global_batch(local, mesh: Mesh, global_size: int, rules=RULES):
-    "Assemble each process's rows `local` (a pytree of arrays, leading axis = its rows) into global arrays split over the batch axis."
+    ("Assemble each process's rows `local` (a pytree of arrays, leading axis = its rows) into global arrays split over "
+     "the batch axis.")
     index, count = batch_slice(mesh, global_size, rules)
     def put(x):
         x = np.asarray(x)
@@ -214,7 +222,8 @@ def global_batch(local, mesh: Mesh, global_size: int, rules=RULES):
 
 # %% ../nbs/12_sharding.ipynb #a7f99828
 def distributed_settings(coordinator=None, num_processes=None, process_id=None, env=None) -> dict | None:
-    "The `jax.distributed.initialize` arguments from the given values, else from `DALLE_NB_*` variables in `env`; None: one process."
+    ("The `jax.distributed.initialize` arguments from the given values, else from `DALLE_NB_*` variables in `env`; "
+     "None: one process.")
     env = os.environ if env is None else env
     coordinator = coordinator or env.get("DALLE_NB_COORDINATOR") or None
     num_processes = num_processes if num_processes is not None else env.get("DALLE_NB_NUM_PROCESSES")
@@ -225,8 +234,8 @@ def distributed_settings(coordinator=None, num_processes=None, process_id=None, 
                              "DALLE_NB_COORDINATOR)")
         return None
     if coordinator == "auto": return {}
-    if not re.fullmatch(r"[^\s:]+:\d+", coordinator): raise ValueError("distributed: coordinator must be HOST:PORT "
-                                                                       f"or 'auto', got {coordinator!r}")
+    if not re.fullmatch(r"[^\s:]+:\d+", coordinator):
+        raise ValueError(f"distributed: coordinator must be HOST:PORT or 'auto', got {coordinator!r}")
     try: n, i = int(num_processes), int(process_id)
     except (TypeError, ValueError):
         raise ValueError(f"distributed: --coordinator {coordinator} needs integer --num-processes and --process-id "
@@ -234,6 +243,7 @@ def distributed_settings(coordinator=None, num_processes=None, process_id=None, 
     if n < 1 or not 0 <= i < n: raise ValueError(f"distributed: process id {i} is not in [0, {n})")
     return {"coordinator_address": coordinator, "num_processes": n, "process_id": i}
 
+# %% ../nbs/12_sharding.ipynb #d325891e
 def init_distributed(coordinator=None, num_processes=None, process_id=None) -> bool:
     "Join a multi-process run if one is configured (arguments or `DALLE_NB_*` variables); returns whether it did."
     settings = distributed_settings(coordinator, num_processes, process_id)
@@ -253,7 +263,8 @@ def to_host(x) -> np.ndarray:
 
 # %% ../nbs/12_sharding.ipynb #3eb47fad
 def place(tree, shardings):
-    "`tree`'s arrays put on `shardings` (a tree of `NamedSharding`s matching `tree` or a prefix of it), in one or many processes."
+    ("`tree`'s arrays put on `shardings` (a tree of `NamedSharding`s matching `tree` or a prefix of it), in one or "
+     "many processes.")
     def put(x, s):
         if isinstance(x, jax.Array) and x.sharding == s: return x
         if jax.process_count() == 1: return jax.device_put(x, s)

@@ -80,7 +80,8 @@ def image_floats(batch):
     return jnp.asarray(batch, jnp.float32) / 255.0
 
 def restart_steps(until: int, steps: int, every: int = 100) -> list[int]:
-    "The steps after which the VQGAN's dead codes are re-seeded: every `every` before `until` (negative: `steps + until`)."
+    ("The steps after which the VQGAN's dead codes are re-seeded: every `every` before `until` (negative: `steps + "
+     "until`).")
     stop = until if until >= 0 else steps + until
     return list(range(every, min(stop, steps), every))
 
@@ -135,7 +136,8 @@ DECODER_STAGE = Stage("vqgan", lambda run: run.models["vqgan"], image_batches,
 
 # %% ../nbs/15a_stages.ipynb #c9f4a1ca
 def encode_dataset(tokenizer, images, cache=None, progress: bool = True) -> np.ndarray:
-    "Token ids `[N, image_len]` of uint8 `images` by `tokenizer.encode`, read from/written to the `.npy` file `cache` if given (one process only)."
+    ("Token ids `[N, image_len]` of uint8 `images` by `tokenizer.encode`, read from/written to the `.npy` file `cache` "
+     "if given (one process only).")
     if jax.process_count() > 1: cache = None     # every process encodes: the encoder is one program over all of them
     if cache is not None and Path(cache).exists():
         ids = np.load(cache)
@@ -150,19 +152,21 @@ def encode_dataset(tokenizer, images, cache=None, progress: bool = True) -> np.n
 
 # %% ../nbs/15a_stages.ipynb #a51588c8
 class TrainSetupError(ValueError):
-    "A request refused before training anything (unknown stage, missing or mismatched earlier stages, shards that do not fit)."
+    ("A request refused before training anything (unknown stage, missing or mismatched earlier stages, shards that do "
+     "not fit).")
 
 def _shard_batches(run, model: str, image_len: int):
+    "The `TokenLoader` of `run.shards`, after checking that their images have `image_len` tokens."
     from dalle_nb.stream import TokenLoader                  # floor 3; imported only when shards are used
     batches = TokenLoader.on_mesh([str(d) for d in run.shards], run.sc.batch_size, run.mesh, run.text, seed=run.sc.seed,
                                   blank_prob=run.sc.blank_caption_prob)
     first = next(batches); batches.restore({**batches.state(), "step": batches.step - 1})
     if first["image"].shape[1] != image_len:
         raise TrainSetupError(f"--data {', '.join(map(str, run.shards))}: the shards hold {first['image'].shape[1]} "
-                              "tokens per image, "
-                              f"but {model}.image_len is {image_len}")
+                              f"tokens per image, but {model}.image_len is {image_len}")
     return batches
 
+# %% ../nbs/15a_stages.ipynb #e8f68ac8
 def token_stage(model: str, cls, loss) -> Stage:
     "The stage of a text → image-token transformer `cls(cfg.<model>)` trained with `loss(m, text_ids, image_ids)`."
     def build(run):
@@ -173,9 +177,8 @@ def token_stage(model: str, cls, loss) -> Stage:
         return sharded_init(lambda: cls(getattr(run.cfg, model), rngs=nnx.Rngs(run.sc.seed)), run.mesh)
     def data(run):
         if run.shards: return _shard_batches(run, model, getattr(run.cfg, model).image_len)
-        pairs = {"text": run.text(run.captions),
-                 "image": encode_dataset(run.tokenizer, run.images, Path(run.workdir) / "tokens_train.npy",
-                                                                         run.progress)}
+        images = encode_dataset(run.tokenizer, run.images, Path(run.workdir) / "tokens_train.npy", run.progress)
+        pairs = {"text": run.text(run.captions), "image": images}
         return Batches.on_mesh(pairs, run.sc.batch_size, run.mesh, seed=run.sc.seed)
     def loss_fn(run):
         # the loader blanked them; kw: residual=
@@ -193,7 +196,8 @@ BART_STAGE = token_stage("bart", DalleBart, bart_loss)
 
 # %% ../nbs/15a_stages.ipynb #77c699f2
 def hard_negatives(captions, seed: int = 0, exclude=HELD_OUT) -> list[str]:
-    "For each caption, a copy with one attribute (colour, shape, size or relation; cycling) changed, never into an `exclude` pair."
+    ("For each caption, a copy with one attribute (colour, shape, size or relation; cycling) changed, never into an "
+     "`exclude` pair.")
     rng, kinds, out = np.random.default_rng(seed), ("color", "shape", "relation", "size"), []
     for i, c in enumerate(captions):
         neg = None

@@ -20,40 +20,48 @@ from .dataset import ShardError, shard_files, read_shard, shard_tokens, _footer
 # %% auto #0
 __all__ = ['TokenLoader']
 
+# %% ../nbs/14b_stream.ipynb #47040523
+def _host_files(path, seed: int, index: int, count: int) -> tuple[list, tuple]:
+    "Process `index` of `count`'s shards `[(file, rows)]` (non-empty, permuted with `seed`), and the dataset's size."
+    files = [(f, r) for f, r in shard_files(path) if r > 0]
+    if len(files) < count:
+        raise ValueError(f"TokenLoader: {len(files)} non-empty shard(s) cannot be split over {count} processes; "
+                         "encode with a smaller shard size")
+    pick = np.random.default_rng([seed, 0]).permutation(len(files))[index::count]
+    return [files[i] for i in pick], (len(files), sum(r for _, r in files))
+
+def _check_footers(files, needed: set):
+    "Check each shard's footer (cheap): the rows the manifest says, the `needed` columns; a bad file is named now."
+    for f, rows in files:
+        meta = _footer(f)
+        if meta.num_rows != rows: raise ShardError(f"{f}: {meta.num_rows} rows, but the manifest says {rows}")
+        names = meta.schema.to_arrow_schema().names
+        if missing := needed - set(names):
+            raise ShardError(f"{f}: no column {sorted(missing)[0]!r} (has {', '.join(names)})")
+
 # %% ../nbs/14b_stream.ipynb #36f95bfe
 class TokenLoader:
-    "Endless, resumable batches `{'text': int32 [b, L], 'image': int32 [b, T]}` streamed from token shards; each process reads its own."
+    ("Endless, resumable batches `{'text': int32 [b, L], 'image': int32 [b, T]}` streamed from token shards; each "
+     "process reads its own.")
     def __init__(self, path, batch_size: int, text: TextEncoder, seed: int = 0, shuffle_buffer: int = 4096,
-                 blank_prob: float = 0.0,
-                 clip_range: tuple | None = None, where: dict | None = None, columns=(), step: int = 0,
-                 process_index: int | None = None, process_count: int | None = None):
+                 blank_prob: float = 0.0, clip_range: tuple | None = None, where: dict | None = None, columns=(),
+                 step: int = 0, process_index: int | None = None, process_count: int | None = None):
         self.process_index = jax.process_index() if process_index is None else process_index
         self.process_count = jax.process_count() if process_count is None else process_count
         if batch_size < 1 or batch_size % self.process_count:
             raise ValueError(f"TokenLoader: batch {batch_size} does not split over {self.process_count} processes")
         if not 0 <= blank_prob <= 1: raise ValueError(f"TokenLoader: blank_prob={blank_prob} is not in [0, 1]")
         if shuffle_buffer < 1: raise ValueError(f"TokenLoader: shuffle_buffer must be >= 1, got {shuffle_buffer}")
-        files = [(f, r) for f, r in shard_files(path) if r > 0]
-        if len(files) < self.process_count:
-            raise ValueError(f"TokenLoader: {len(files)} non-empty shard(s) cannot be split over {self.process_count} "
-                             "processes; encode with a smaller shard size")
+        self.files, self.total = _host_files(path, seed, self.process_index, self.process_count)
         self.text, self.seed, self.batch_size, self.window = text, seed, batch_size, shuffle_buffer
         self.local, self.blank_prob, self.columns = batch_size // self.process_count, blank_prob, tuple(columns)
         self.clip_range, self.where = clip_range, dict(where or {})
-        self.total = (len(files), sum(r for _, r in files))
-        pick = np.random.default_rng([seed, 0]).permutation(len(files))[self.process_index::self.process_count]
-        self.files = [files[i] for i in pick]
         needed = {"caption", "encoding", *self.columns, *self.where, *(["clip_score"] if clip_range else [])}
-        for f, rows in self.files:                       # cheap footer checks: a bad file is named now, not mid-run
-            meta = _footer(f)
-            if meta.num_rows != rows: raise ShardError(f"{f}: {meta.num_rows} rows, but the manifest says {rows}")
-            missing = needed - set(meta.schema.to_arrow_schema().names)
-            if missing: raise ShardError(f"{f}: no column {sorted(missing)[0]!r} (has "
-                                         f"{', '.join(meta.schema.to_arrow_schema().names)})")
+        _check_footers(self.files, needed)
         self._masks = [self._mask(f, r) for f, r in self.files]
         self.rows_per_epoch = sum(r if m is None else int(m.sum()) for (_, r), m in zip(self.files, self._masks))
-        if self.rows_per_epoch == 0: raise ValueError(f"TokenLoader: no row of process {self.process_index}'s shards "
-                                                      "passes the filters")
+        if self.rows_per_epoch == 0:
+            raise ValueError(f"TokenLoader: no row of process {self.process_index}'s shards passes the filters")
         self.steps_per_epoch = max(1, self.rows_per_epoch // self.local)
         self._blank = text.blank(1)[0]
         self._plans, self._cache = OrderedDict(), OrderedDict()
@@ -157,7 +165,8 @@ def on_mesh(cls, path, batch_size: int, mesh, text: TextEncoder, **kwargs) -> "T
 
 @patch_to(TokenLoader)
 def state(self) -> dict:
-    "Where the loader is (JSON): step, seed, and what a resumed run must match — batch size, dataset size, processes, filters."
+    ("Where the loader is (JSON): step, seed, and what a resumed run must match — batch size, dataset size, processes, "
+     "filters.")
     return {"step": self.step, "seed": self.seed, "batch_size": self.batch_size, "shards": self.total[0],
             "rows": self.total[1],
             "process_count": self.process_count, "filters": repr((self.clip_range, sorted(self.where.items())))}

@@ -8,6 +8,7 @@ Docs: https://dalle-nb.github.io/dalle_nb/train.html.md"""
 from __future__ import annotations
 import contextlib, json, time
 from pathlib import Path
+from fastcore.basics import patch
 from typing import Any, Callable, NamedTuple
 import numpy as np
 import jax, jax.numpy as jnp
@@ -23,7 +24,8 @@ from .sharding import (RULES, make_mesh, mesh_from_spec, state_shardings, batch_
                                is_primary)
 from .optim import lr_schedule
 from .shampoo import ShampooState, opt_state_shardings as shampoo_state_shardings
-from .powersgd import GradReduction, PowerSGDState, powersgd, mean_reduction, state_shardings as powersgd_state_shardings
+from .powersgd import (GradReduction, PowerSGDState, powersgd, mean_reduction,
+                               state_shardings as powersgd_state_shardings)
 from .gradscale import scaled_residual, init_scales, update_scales
 
 # %% auto #0
@@ -40,13 +42,16 @@ class TrainState(NamedTuple):
     skipped: jax.Array    # steps whose loss or gradients were not finite, and so were not applied
 
 def opt_state_shardings(opt_state, params, mesh: Mesh, rules=RULES):
-    "Shardings of an optax state: per-parameter buffers like their parameter, Shampoo's and PowerSGD's arrays by their own rules, the rest replicated."
+    ("Shardings of an optax state: per-parameter buffers like their parameter, Shampoo's and PowerSGD's arrays by "
+     "their own rules, the rest replicated.")
     rep = NamedSharding(mesh, P())
     def one(node):
-        if isinstance(node, PowerSGDState): return powersgd_state_shardings(node, params, state_shardings(params, mesh, rules))
+        if isinstance(node, PowerSGDState):
+            return powersgd_state_shardings(node, params, state_shardings(params, mesh, rules))
         if isinstance(node, ShampooState):
             try: return shampoo_state_shardings(node, params, mesh, rules)
-            except AssertionError:       # Shampoo on part of the parameters (the rest frozen): its state is small, replicate it
+            # Shampoo on part of the parameters (the rest frozen): its state is small, replicate it
+            except AssertionError:
                 return jax.tree.map(lambda _: rep, node)
         if isinstance(node, nnx.Variable):
             if isinstance(node.get_value(), optax.MaskedNode): return node     # a masked-out buffer: nothing to place
@@ -86,8 +91,10 @@ class TrainStep(NamedTuple):
         return global_batch(local, self.mesh, global_size, self.rules)
 
     def batch_structs(self, shapes: dict) -> dict:
-        "Abstract global batch (for `step.lower`): `{name: (shape, dtype)}` → ShapeDtypeStructs split over the data axes."
-        return {k: jax.ShapeDtypeStruct(s, d, sharding=batch_sharding(self.mesh, len(s), self.rules)) for k, (s, d) in shapes.items()}
+        ("Abstract global batch (for `step.lower`): `{name: (shape, dtype)}` → ShapeDtypeStructs split over the data "
+         "axes.")
+        return {k: jax.ShapeDtypeStruct(s, d, sharding=batch_sharding(self.mesh, len(s), self.rules))
+                for k, (s, d) in shapes.items()}
 
     def write_back(self, model, state: TrainState):
         "Put `state`'s parameters and other variables into `model` (in place)."
@@ -100,7 +107,8 @@ class TrainStep(NamedTuple):
 
 # %% ../nbs/15_train.ipynb #3e35b4e9
 class StepExtras(NamedTuple):
-    "`TrainState.opt` when the step has options: the optimiser's state, the gradient reduction's (PowerSGD) and the per-block gradient scales."
+    ("`TrainState.opt` when the step has options: the optimiser's state, the gradient reduction's (PowerSGD) and the "
+     "per-block gradient scales.")
     tx: Any
     reduce: Any     # the `GradReduction`'s state (`optax.EmptyState()` when the step reduces as XLA does)
     scales: Any     # `GradScales` (`optax.EmptyState()` without per-resblock scaling)
@@ -120,15 +128,17 @@ def _merge_replicas(x):
 def _compute_copy(params, dtype):
     "The matrices (2-D and up) of `params` cast to `dtype` for the forward and backward passes; vectors (norms) kept."
     if dtype is None: return params
-    return jax.tree.map(lambda x: x.astype(dtype) if x.ndim >= 2 and jnp.issubdtype(x.dtype, jnp.floating) else x, params)
+    return jax.tree.map(lambda x: x.astype(dtype) if x.ndim >= 2 and jnp.issubdtype(x.dtype, jnp.floating) else x,
+                        params)
 
 def _grads_fn(graphdef, loss_fn, loss_scale: float = 1.0, compute_dtype: str | None = None):
-    "`grads(params, rest, batch, key, scales) -> (loss, gradients (unscaled), overflow flags or None, metrics, other variables)`.\n\n"
-    "`compute_dtype`: the passes read a copy of the weights in that dtype, cast once per step; the gradients (and the\n\n"
-    "optimiser's master weights) stay in the parameters' own dtype."
+    ("`grads(params, rest, batch, key, scales) -> (loss, gradients (unscaled), overflow flags or None, metrics, "
+     "other variables)`.\n\n`compute_dtype`: the passes read a copy of the weights in that dtype, cast once per "
+     "step; the gradients (and the optimiser's master weights) stay in the parameters' own dtype.")
     def grads(params, rest, batch, key, scales):
         def f(p, s):
-            m = nnx.merge(graphdef, _compute_copy(p, compute_dtype), jax.tree.map(lambda v: v, rest))   # fresh variables: the loss may update them
+            # fresh variables: the loss may update them
+            m = nnx.merge(graphdef, _compute_copy(p, compute_dtype), jax.tree.map(lambda v: v, rest))
             loss, metrics = loss_fn(m, batch, key, **({} if s is None else {"residual": scaled_residual(s)}))
             return loss * loss_scale, (loss, metrics, nnx.state(m, nnx.Not(nnx.Param)))
         (_, (loss, metrics, rest)), (g, flags) = jax.value_and_grad(f, argnums=(0, 1), has_aux=True)(params, scales)
@@ -138,7 +148,8 @@ def _grads_fn(graphdef, loss_fn, loss_scale: float = 1.0, compute_dtype: str | N
 
 # %% ../nbs/15_train.ipynb #c394926c
 def _replica_grads_fn(grads, reduce, replicas: int, rules):
-    "`grads`, or with a reduction each data-parallel replica's own: gradients stacked on a leading axis split over `dp`."
+    ("`grads`, or with a reduction each data-parallel replica's own: gradients stacked on a leading axis split over "
+     "`dp`.")
     def replica_grads(params, rest, batch, key, scales):
         if reduce is None: return grads(params, rest, batch, key, scales)
         cut = jax.tree.map(lambda x: x.reshape(replicas, x.shape[0] // replicas, *x.shape[1:]), batch)
@@ -156,7 +167,8 @@ def _accumulated_fn(replica_grads, grad_accum: int, reduce, replicas: int, data,
         if grad_accum == 1: return replica_grads(state.params, state.rest, batch, key, scales)
         k = grad_accum
         for x in jax.tree.leaves(batch):
-            if x.shape[0] % k: raise ValueError(f"train step: batch of {x.shape[0]} does not split into grad_accum={k} micro-batches")
+            if x.shape[0] % k:
+                raise ValueError(f"train step: batch of {x.shape[0]} does not split into grad_accum={k} micro-batches")
         micro = jax.tree.map(lambda x: x.reshape(x.shape[0] // k, k, *x.shape[1:]).swapaxes(0, 1), batch)
         def body(carry, xs):
             gsum, fsum, rest = carry
@@ -164,17 +176,20 @@ def _accumulated_fn(replica_grads, grad_accum: int, reduce, replicas: int, data,
             mb = jax.tree.map(lambda x: jax.lax.with_sharding_constraint(x, data.spec), mb)
             loss, g, flags, metrics, rest = replica_grads(state.params, rest, mb, jax.random.fold_in(key, i), scales)
             return (jax.tree.map(jnp.add, gsum, g), jax.tree.map(jnp.add, fsum, flags), rest), (loss, metrics)
-        gzero = (jax.tree.map(jnp.zeros_like, state.params) if reduce is None else jax.tree.map(       # laid out like the gradients
-            lambda s, v: jax.tree.map(lambda x: jax.lax.with_sharding_constraint(jnp.zeros((replicas, *x.shape), x.dtype), P("dp", *s.spec)), v),
-            shardings.params, state.params))
+        def stacked(s, x):      # zeros laid out like the gradients: one per replica, split over dp
+            return jax.lax.with_sharding_constraint(jnp.zeros((replicas, *x.shape), x.dtype), P("dp", *s.spec))
+        gzero = (jax.tree.map(jnp.zeros_like, state.params) if reduce is None else
+                 jax.tree.map(lambda s, v: jax.tree.map(lambda x: stacked(s, x), v), shardings.params, state.params))
         fzero = None if scales is None else jnp.zeros_like(scales)
         (gsum, flags, rest), (losses, metrics) = jax.lax.scan(body, (gzero, fzero, state.rest), (micro, jnp.arange(k)))
-        return losses.mean(), jax.tree.map(lambda x: x / k, gsum), flags, jax.tree.map(lambda m: m.mean(0), metrics), rest
+        return (losses.mean(), jax.tree.map(lambda x: x / k, gsum), flags, jax.tree.map(lambda m: m.mean(0), metrics),
+                rest)
     return accumulated
 
 # %% ../nbs/15_train.ipynb #85c2fd97
 def _train_step_fn(accumulated, tx, reduce, mesh: Mesh, rules, extras: bool, block_scales: int, scale_growth: int):
-    "`train_step(state, batch, key) -> (state, metrics)`: gradients, the non-finite guard, the reduction, the update, the scales."
+    ("`train_step(state, batch, key) -> (state, metrics)`: gradients, the non-finite guard, the reduction, the update, "
+     "the scales.")
     def train_step(state: TrainState, batch, key):
         opt = state.opt if extras else StepExtras(state.opt, optax.EmptyState(), optax.EmptyState())
         scales = opt.scales.scale if block_scales else None
@@ -184,20 +199,24 @@ def _train_step_fn(accumulated, tx, reduce, mesh: Mesh, rules, extras: bool, blo
             g, comm = reduce.update(g, opt.reduce) if reduce else (g, opt.reduce)     # the (compressed) all-reduce
             def apply(_):
                 updates, o = tx.update(g, opt.tx, state.params)
-                new = jax.tree.map(lambda n, o: n.astype(o.dtype), optax.apply_updates(state.params, updates), state.params)
+                new = jax.tree.map(lambda n, o: n.astype(o.dtype), optax.apply_updates(state.params, updates),
+                                   state.params)
                 return new, rest, o, comm           # parameters keep their dtype (bfloat16 ones too)
-            params, rest, o, comm = jax.lax.cond(finite, apply, lambda _: (state.params, state.rest, opt.tx, opt.reduce), None)
+            params, rest, o, comm = jax.lax.cond(finite, apply,
+                                                 lambda _: (state.params, state.rest, opt.tx, opt.reduce), None)
         if block_scales:
             metrics = {**metrics, "overflowed_blocks": (flags > 0).sum().astype(jnp.float32)}
             opt = opt._replace(scales=update_scales(opt.scales, flags, growth_interval=scale_growth))
         opt = opt._replace(tx=o, reduce=comm)
-        new = TrainState(state.step + 1, params, rest, opt if extras else opt.tx, state.skipped + (~finite).astype(jnp.int32))
+        new = TrainState(state.step + 1, params, rest, opt if extras else opt.tx,
+                         state.skipped + (~finite).astype(jnp.int32))
         return new, {**metrics, "grad_norm": optax.global_norm(g), "finite": finite}
     return train_step
 
 # %% ../nbs/15_train.ipynb #99cb70ed
 def _step_reduction(reduce, replicas: int, grad_accum: int, rest):
-    "The reduction a step applies: `reduce`; by default the stateless mean once per update when `dp` replicas accumulate (None, XLA's, otherwise)."
+    ("The reduction a step applies: `reduce`; by default the stateless mean once per update when `dp` replicas "
+     "accumulate (None, XLA's, otherwise).")
     if reduce is False: return None
     if reduce is not None: return reduce
     return mean_reduction() if replicas > 1 and grad_accum > 1 and not jax.tree.leaves(rest) else None
@@ -215,16 +234,8 @@ def _init_fn(opt_init, shardings: TrainState, mesh: Mesh, rules):
         return init_jit(place(p, shardings.params), place(r, shardings.rest))
     return init
 
-def make_sharded_train_step(loss_fn, model, tx: optax.GradientTransformation, mesh: Mesh | None = None, rules=RULES,
-                            grad_accum: int = 1, reduce: GradReduction | bool | None = None, loss_scale: float = 1.0,
-                            block_scales: int = 0, scale_growth: int = 1000, compute_dtype: str | None = None) -> TrainStep:
-    "Compile `loss_fn(model, batch, key) -> (loss, metrics)` into a sharded train step on `mesh` (default: one device)."
-    mesh = make_mesh(devices=jax.devices()[:1]) if mesh is None else mesh
-    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
-    params, rest = _structs(params), _structs(rest)
-    replicas = mesh.shape["dp"]
-    red = _step_reduction(reduce, replicas, grad_accum, rest)      # once per update, after the accumulation
-    reduce = reduce or None                      # False: XLA's reduction; the default mean keeps no state
+def _state_layout(tx, reduce, block_scales: int, replicas: int, params, rest, mesh: Mesh, rules):
+    "`(opt_init, abstract, shardings)` of a step's state: the optimiser's init with the step's options, shapes, layout."
     extras = reduce is not None or block_scales > 0
     def opt_init(p):
         o = tx.init(p)
@@ -235,19 +246,38 @@ def make_sharded_train_step(loss_fn, model, tx: optax.GradientTransformation, me
     abstract = TrainState(counter, params, rest, jax.eval_shape(opt_init, params), counter)
     shardings = TrainState(rep, state_shardings(params, mesh, rules), state_shardings(rest, mesh, rules),
                            opt_state_shardings(abstract.opt, params, mesh, rules), rep)
+    return opt_init, abstract, shardings
+
+# %% ../nbs/15_train.ipynb #9b664032
+def make_sharded_train_step(loss_fn, model, tx: optax.GradientTransformation, mesh: Mesh | None = None, rules=RULES,
+                            grad_accum: int = 1, reduce: GradReduction | bool | None = None, loss_scale: float = 1.0,
+                            block_scales: int = 0, scale_growth: int = 1000,
+                            compute_dtype: str | None = None) -> TrainStep:
+    "Compile `loss_fn(model, batch, key) -> (loss, metrics)` into a sharded train step on `mesh` (default: one device)."
+    mesh = make_mesh(devices=jax.devices()[:1]) if mesh is None else mesh
+    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+    params, rest = _structs(params), _structs(rest)
+    replicas = mesh.shape["dp"]
+    red = _step_reduction(reduce, replicas, grad_accum, rest)      # once per update, after the accumulation
+    reduce = reduce or None                      # False: XLA's reduction; the default mean keeps no state
+    opt_init, abstract, shardings = _state_layout(tx, reduce, block_scales, replicas, params, rest, mesh, rules)
+    rep = NamedSharding(mesh, P())
     data = batch_sharding(mesh, 1, rules)        # a prefix for every array of the batch: leading axis split
     grads = _replica_grads_fn(_grads_fn(graphdef, loss_fn, loss_scale, compute_dtype), red, replicas, rules)
-    train_step = _train_step_fn(_accumulated_fn(grads, grad_accum, red, replicas, data, shardings), tx, red, mesh, rules,
-                                extras, block_scales, scale_growth)
+    extras = reduce is not None or block_scales > 0
+    train_step = _train_step_fn(_accumulated_fn(grads, grad_accum, red, replicas, data, shardings), tx, red, mesh,
+                                rules, extras, block_scales, scale_growth)
     step = jax.jit(train_step, in_shardings=(shardings, data, rep), out_shardings=(shardings, rep), donate_argnums=0)
-    return TrainStep(_init_fn(opt_init, shardings, mesh, rules), step, shardings, _with_shardings(abstract, shardings), mesh, tuple(rules), graphdef)
+    return TrainStep(_init_fn(opt_init, shardings, mesh, rules), step, shardings, _with_shardings(abstract, shardings),
+                     mesh, tuple(rules), graphdef)
 
 # %% ../nbs/15_train.ipynb #400fd7a2
 def make_train_step(loss_fn, grad_accum: int = 1):
     "In-place form for code holding an `nnx.Optimizer`: `step(model, optimizer, batch, key) -> metrics`, one device."
     built = {}
     def step(model, optimizer: nnx.Optimizer, batch, key):
-        if "train" not in built: built["train"] = make_sharded_train_step(loss_fn, model, optimizer.tx, grad_accum=grad_accum)
+        if "train" not in built:
+            built["train"] = make_sharded_train_step(loss_fn, model, optimizer.tx, grad_accum=grad_accum)
         train = built["train"]
         pure = nnx.as_pure(optimizer.opt_state)
         opt = jax.tree.unflatten(jax.tree.structure(train.abstract.opt), jax.tree.leaves(pure))
@@ -256,7 +286,8 @@ def make_train_step(loss_fn, grad_accum: int = 1):
         rows = len(jax.tree.leaves(batch)[0])
         state, metrics = train.step(state, train.batch(batch, rows), key)
         train.write_back(model, state)
-        nnx.update(optimizer.opt_state, nnx.state(jax.tree.unflatten(jax.tree.structure(pure), jax.tree.leaves(state.opt))))
+        nnx.update(optimizer.opt_state,
+                   nnx.state(jax.tree.unflatten(jax.tree.structure(pure), jax.tree.leaves(state.opt))))
         optimizer.step[...] += 1
         return metrics
     return step
@@ -268,10 +299,13 @@ def _pure(tree):
                         is_leaf=lambda x: isinstance(x, nnx.Variable))
 
 def _save_whole_arrays():
-    "With one process, orbax writes each replicated array whole instead of a slice per replica (no gain on one host, a compile per device)."
+    ("With one process, orbax writes each replicated array whole instead of a slice per replica (no gain on one host, "
+     "a compile per device).")
     handler = ocp.type_handlers.get_type_handler(jax.Array)
-    if jax.process_count() == 1 and getattr(handler, "_use_replica_parallel", False): handler._use_replica_parallel = False
+    if jax.process_count() == 1 and getattr(handler, "_use_replica_parallel", False):
+        handler._use_replica_parallel = False
 
+# %% ../nbs/15_train.ipynb #dde0e07e
 class CheckpointError(OSError):
     "A checkpoint that could not be written (a full disk, a lost file system); the complete ones before it are kept."
 
@@ -294,8 +328,10 @@ def _os_cause(e: BaseException) -> BaseException:
         seen.add(id(x)); x = x.__cause__ or x.__context__
     return e
 
+# %% ../nbs/15_train.ipynb #d3bdf17a
 class Checkpointer:
-    "Save/restore a state (any pytree of arrays, sharded or not) and a JSON of metadata under `directory` with orbax; keeps the last `keep`."
+    ("Save/restore a state (any pytree of arrays, sharded or not) and a JSON of metadata under `directory` with orbax; "
+     "keeps the last `keep`.")
     def __init__(self, directory, keep: int = 2):
         _save_whole_arrays()
         self.directory = Path(directory).absolute()
@@ -306,37 +342,46 @@ class Checkpointer:
     @property
     def latest(self): return self.manager.latest_step()
 
-    def save(self, step: int, state, meta: dict):
-        "Write `state` and `meta` as checkpoint `step` (every process calls it; it returns once the checkpoint is complete).\n\n"
-        "A failure is one `CheckpointError` naming the cause, and leaves no partial checkpoint behind."
-        try:
-            with _quiet_orbax():
-                self.manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(_pure(state)), meta=ocp.args.JsonSave(meta)))
-                self.manager.wait_until_finished()
-        except Exception as e:
-            import shutil
-            for p in self.directory.glob(f"{step}.orbax-checkpoint-tmp*"): shutil.rmtree(p, ignore_errors=True)
-            cause = _os_cause(e)
-            raise CheckpointError(getattr(cause, "errno", None), f"checkpoint {step} could not be written in {self.directory}: "
-                                  f"{getattr(cause, 'strerror', None) or cause}") from None
-
-    def meta(self, step=None) -> dict:
-        "The JSON saved with the checkpoint at `step` (default: latest), read without touching the arrays."
-        step = self.latest if step is None else step
-        return self.manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore())).meta
-
-    def restore(self, target, step=None):
-        "`(state, meta)` of checkpoint `step` (default: latest), laid out like `target` (arrays, or ShapeDtypeStructs with shardings)."
-        step = self.latest if step is None else step
-        if step is None: raise FileNotFoundError(f"no checkpoint in {self.directory}")
-        abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, _pure(target))
-        r = self.manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract), meta=ocp.args.JsonRestore()))
-        return jax.tree.unflatten(jax.tree.structure(target), jax.tree.leaves(r.state)), r.meta
-
     def close(self): self.manager.close()
 
+# %% ../nbs/15_train.ipynb #d9aa088d
+@patch
+def save(self: Checkpointer, step: int, state, meta: dict):
+    ("Write `state` and `meta` as checkpoint `step` (every process calls it; it returns once the checkpoint is "
+     "complete).\n\nA failure is one `CheckpointError` naming the cause, and leaves no partial checkpoint behind.")
+    try:
+        with _quiet_orbax():
+            self.manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(_pure(state)),
+                                                            meta=ocp.args.JsonSave(meta)))
+            self.manager.wait_until_finished()
+    except Exception as e:
+        import shutil
+        for p in self.directory.glob(f"{step}.orbax-checkpoint-tmp*"): shutil.rmtree(p, ignore_errors=True)
+        cause = _os_cause(e)
+        raise CheckpointError(getattr(cause, "errno", None),
+                              f"checkpoint {step} could not be written in {self.directory}: "
+                              f"{getattr(cause, 'strerror', None) or cause}") from None
+
+# %% ../nbs/15_train.ipynb #cff042e5
+@patch
+def meta(self: Checkpointer, step=None) -> dict:
+    "The JSON saved with the checkpoint at `step` (default: latest), read without touching the arrays."
+    step = self.latest if step is None else step
+    return self.manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore())).meta
+
+@patch
+def restore(self: Checkpointer, target, step=None):
+    ("`(state, meta)` of checkpoint `step` (default: latest), laid out like `target` (arrays, or ShapeDtypeStructs "
+     "with shardings).")
+    step = self.latest if step is None else step
+    if step is None: raise FileNotFoundError(f"no checkpoint in {self.directory}")
+    abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, _pure(target))
+    r = self.manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract),
+                                                           meta=ocp.args.JsonRestore()))
+    return jax.tree.unflatten(jax.tree.structure(target), jax.tree.leaves(r.state)), r.meta
+
 # %% ../nbs/15_train.ipynb #770e92bb
-_RESUMABLE = ("steps", "extended_from", "log_every", "eval_every", "ckpt_every", "mesh")   # stage fields a resumed run may change
+_RESUMABLE = ("steps", "extended_from", "log_every", "eval_every", "ckpt_every", "mesh")   # may change on resume
 
 def _stage_key(cfg: StageConfig) -> dict:
     "The stage settings a checkpoint must share with the run that resumes it."
@@ -373,7 +418,8 @@ def _step_options(model, cfg: StageConfig) -> dict:
     if cfg.block_grad_scale and not blocks:
         raise ValueError(f"block_grad_scale: {type(model).__name__} has no residual blocks to scale "
                          "(per-resblock scaling needs a model whose loss takes residual=, such as the dalle arch's)")
-    return dict(reduce=powersgd(cfg.powersgd_rank) if cfg.powersgd_rank else None, loss_scale=cfg.loss_scale, block_scales=blocks)
+    return dict(reduce=powersgd(cfg.powersgd_rank) if cfg.powersgd_rank else None, loss_scale=cfg.loss_scale,
+                block_scales=blocks)
 
 @jax.jit
 def _accumulate(acc, metrics):
@@ -392,7 +438,8 @@ def _log_row(acc, done: int, lr: float, skipped: int, t0: float) -> dict:
 
 # %% ../nbs/15_train.ipynb #96dd5c8e
 def _start(train: TrainStep, model, ckpt, batches, key):
-    "Where a run starts: `(state, step, history, key, metric sums)` from the latest checkpoint (and `batches` moved there), or afresh from `model`."
+    ("Where a run starts: `(state, step, history, key, metric sums)` from the latest checkpoint (and `batches` moved "
+     "there), or afresh from `model`.")
     if ckpt is None or ckpt.latest is None: return train.init(model), 0, [], key, None
     state, meta = ckpt.restore(train.abstract)
     batches.restore(meta["data"])
@@ -403,7 +450,8 @@ def _start(train: TrainStep, model, ckpt, batches, key):
 def _ckpt_meta(done: int, history, batches, cfg: StageConfig, key, acc) -> dict:
     "The JSON saved beside a checkpoint: what a resume needs besides the state."
     return {"step": done, "history": history, "data": batches.state(), "stage": _stage_key(cfg),
-            "rng": np.asarray(jax.random.key_data(key)).tolist(), "acc": None if acc is None else {k: float(v) for k, v in acc.items()}}
+            "rng": np.asarray(jax.random.key_data(key)).tolist(),
+            "acc": None if acc is None else {k: float(v) for k, v in acc.items()}}
 
 def _report_skips(say, desc: str, row: dict, seen: int) -> int:
     "Say (process 0) how many steps up to `row` were skipped since `seen`; returns the count now seen."
@@ -419,11 +467,29 @@ def _keep_row(row: dict, history: list, log, logfile):
     if logfile is not None:
         with open(logfile, "a") as f: f.write(json.dumps(row) + "\n")
 
+# %% ../nbs/15_train.ipynb #543ed679
+def _due(done: int, every: int, last: int) -> bool:
+    "Whether step `done` logs, evaluates or saves: every `every` steps, and at `last`."
+    return done % every == 0 or done == last
+
+def _with_hooks(train: TrainStep, model, state: TrainState, batch, hooks, done: int) -> TrainState:
+    "`state` after each `hook(done, model, batch)` changed `model` in place (`model` brought up to `state` first)."
+    if not hooks: return state
+    train.write_back(model, state)
+    for hook in hooks: hook(done, model, batch)
+    return train.read(model, state)
+
+def _evaluated(row: dict, train: TrainStep, model, state: TrainState, eval_fn) -> dict:
+    "`row` with `eval_fn(model)`'s metrics (as `val_...`), `model` holding `state`."
+    train.write_back(model, state)
+    return {**row, **{f"val_{k}": float(v) for k, v in eval_fn(model).items()}}
+
 # %% ../nbs/15_train.ipynb #11c4e10f
 def fit(model, tx: optax.GradientTransformation, loss_fn, batches, cfg: StageConfig, *, mesh: Mesh | None = None,
         rules=RULES, key=None, workdir=None, eval_fn=None, desc: str = "train", progress: bool = True, log=None,
         until: int | None = None, hooks=()) -> list[dict]:
-    "Train `model` in place to step `until` (default `cfg.steps`) on `mesh` (default `cfg.mesh`), resuming from `workdir`'s checkpoints; returns the history."
+    ("Train `model` in place to step `until` (default `cfg.steps`) on `mesh` (default `cfg.mesh`), resuming from "
+     "`workdir`'s checkpoints; returns the history.")
     mesh = mesh_from_spec(cfg.mesh) if mesh is None else mesh
     train = make_sharded_train_step(loss_fn, model, tx, mesh, rules, cfg.grad_accum, **_step_options(model, cfg))
     key = jax.random.key(cfg.seed) if key is None else key
@@ -431,29 +497,25 @@ def fit(model, tx: optax.GradientTransformation, loss_fn, batches, cfg: StageCon
     logfile = Path(workdir) / f"log.process-{jax.process_index()}.jsonl" if workdir else None
     state, start, history, key, acc = _start(train, model, ckpt, batches, key)
     sched = lr_schedule(cfg)
-    t0, seen_skips = time.perf_counter() - (history[-1].get("seconds", 0.0) if history else 0.0), int(state.skipped)   # the clock goes on from the resumed run's
+    # the clock goes on from the resumed run's
+    t0, seen_skips = time.perf_counter() - (history[-1].get("seconds", 0.0) if history else 0.0), int(state.skipped)
     end = cfg.steps if until is None else min(until, cfg.steps)
     say = tqdm.write if progress else print
-    bar = tqdm(range(start, end), desc=desc, disable=not progress or not is_primary(), initial=start, total=cfg.steps, leave=True)
+    bar = tqdm(range(start, end), desc, disable=not progress or not is_primary(), initial=start, total=cfg.steps)
     try:
         for step in bar:
             batch = train.batch(next(batches), cfg.batch_size)
             state, metrics = train.step(state, batch, jax.random.fold_in(key, step))
-            if hooks:
-                train.write_back(model, state)
-                for hook in hooks: hook(step + 1, model, batch)
-                state = train.read(model, state)
-            acc = _accumulate(acc, metrics)
             done = step + 1
-            if done % cfg.log_every == 0 or done == cfg.steps:
+            state, acc = _with_hooks(train, model, state, batch, hooks, done), _accumulate(acc, metrics)
+            if _due(done, cfg.log_every, cfg.steps):
                 row, acc = _log_row(acc, done, float(sched(step)), int(state.skipped), t0), None
                 seen_skips = _report_skips(say, desc, row, seen_skips)
-                if eval_fn is not None and (done % cfg.eval_every == 0 or done == cfg.steps):
-                    train.write_back(model, state)
-                    row.update({f"val_{k}": float(v) for k, v in eval_fn(model).items()})
+                if eval_fn is not None and _due(done, cfg.eval_every, cfg.steps):
+                    row = _evaluated(row, train, model, state, eval_fn)
                 bar.set_postfix(loss=f"{row['loss']:.4f}")
                 _keep_row(row, history, log, logfile)
-            if ckpt is not None and (done % cfg.ckpt_every == 0 or done == end):
+            if ckpt is not None and _due(done, cfg.ckpt_every, end):
                 ckpt.save(done, state, _ckpt_meta(done, history, batches, cfg, key, acc))
     finally:
         train.write_back(model, state)
