@@ -28,7 +28,8 @@ def _q(text: str, most: int = 80) -> str:
     return r if len(r) <= most else f"{r[:most - 20]}…{r[-15:]} ({len(text):,} characters)"
 
 def _enable_compile_cache():
-    "Keep compiled programs between runs (~/.cache/dalle_nb/jax, or under $DALLE_NB_CACHE), so a second `generate` starts fast; DALLE_NB_COMPILE_CACHE=0 turns it off."
+    ("Keep compiled programs between runs (~/.cache/dalle_nb/jax, or under $DALLE_NB_CACHE), so a second `generate` "
+     "starts fast; DALLE_NB_COMPILE_CACHE=0 turns it off.")
     if os.environ.get("DALLE_NB_COMPILE_CACHE", "1").strip().lower() in ("0", "off", "no", "false"): return
     import jax
     d = Path(os.environ.get("DALLE_NB_CACHE", Path.home() / ".cache" / "dalle_nb")) / "jax"
@@ -67,16 +68,20 @@ def _train_sets(a, stages) -> list[str]:
     sets = [f"arch={a.arch}"] if a.arch else []
     sets += [f"{s}_train.optimizer={a.optimizer}" for s in stages] if a.optimizer else []
     sets += [f"{s}_train.mesh={a.mesh}" for s in stages] if a.mesh else []
-    sets += [f"{s}_train.powersgd_rank={a.powersgd}" for s in ("bart", "dalle")] if a.powersgd is not None else []   # the transformer's
+    # the transformer's
+    sets += [f"{s}_train.powersgd_rank={a.powersgd}" for s in ("bart", "dalle")] if a.powersgd is not None else []
     sets += [f"{s}_train.loss_scale={a.loss_scale}" for s in ("bart", "dalle")] if a.loss_scale is not None else []
     sets += ["dalle_train.block_grad_scale=true"] if a.block_grad_scale else []
     return sets
 
 def _train_command(a) -> str:
     "The `dalle-nb train` command line a model card records."
-    return " ".join(["dalle-nb train", f"--preset {a.preset}", *([f"--arch {a.arch}"] if a.arch else []), f"--workdir {a.workdir}", *(f"--set {o}" for o in a.set or []),
-                     *([f"--optimizer {a.optimizer}"] if a.optimizer else []), *([f"--mesh {a.mesh}"] if a.mesh else []),
-                     *([f"--powersgd {a.powersgd}"] if a.powersgd is not None else []), *([f"--loss-scale {a.loss_scale}"] if a.loss_scale is not None else []),
+    return " ".join(["dalle-nb train", f"--preset {a.preset}", *([f"--arch {a.arch}"] if a.arch else []),
+                     f"--workdir {a.workdir}", *(f"--set {o}" for o in a.set or []),
+                     *([f"--optimizer {a.optimizer}"] if a.optimizer else []),
+                     *([f"--mesh {a.mesh}"] if a.mesh else []),
+                     *([f"--powersgd {a.powersgd}"] if a.powersgd is not None else []),
+                     *([f"--loss-scale {a.loss_scale}"] if a.loss_scale is not None else []),
                      *(["--block-grad-scale"] if a.block_grad_scale else []),
                      *([f"--stages {a.stages}"] if a.stages else []), *(f"--data {d}" for d in a.data or [])])
 
@@ -85,7 +90,8 @@ def cmd_train(a) -> int:
     "Train the stages of a preset (with `--set` overrides) into `--workdir`; the model directory is `workdir/model`."
     from dalle_nb.config import parse_mesh
     from dalle_nb.sharding import init_distributed, is_primary
-    if Path(a.workdir).exists() and not Path(a.workdir).is_dir(): raise UsageError(f"--workdir {a.workdir} is a file; name a directory")
+    if Path(a.workdir).exists() and not Path(a.workdir).is_dir():
+        raise UsageError(f"--workdir {a.workdir} is a file; name a directory")
     try:
         init_distributed(a.coordinator, a.num_processes, a.process_id)   # before anything touches a device
         if a.mesh is not None: parse_mesh(a.mesh)
@@ -95,13 +101,15 @@ def cmd_train(a) -> int:
     stages = tuple(a.stages.split(",")) if a.stages else STAGES
     bad = set(stages) - set(STAGES)
     if bad: raise UsageError(f"--stages: unknown stage(s) {sorted(bad)}; choose from {','.join(STAGES)}")
-    try: cfg = get_config(a.preset, _train_sets(a, stages) + list(a.set or []))          # an explicit --set wins over the flags
+    try: cfg = get_config(a.preset, _train_sets(a, stages) + list(a.set or []))  # an explicit --set wins over the flags
     except ValueError as e: raise UsageError(str(e)) from None
     if a.block_grad_scale and cfg.arch != "dalle":
-        raise UsageError("--block-grad-scale needs --arch dalle: it scales the DALL·E transformer's residual blocks (BART's have no hook)")
+        raise UsageError("--block-grad-scale needs --arch dalle: it scales the DALL·E transformer's residual blocks "
+                         "(BART's have no hook)")
     try: out = train_all(cfg, a.workdir, stages=stages, progress=not a.quiet, command=_train_command(a), data=a.data)
     except (TrainSetupError, ValueError) as e: raise UsageError(str(e)) from None
-    except OSError as e: raise RunFailure(f"training stopped: {e.strerror or e}{f' ({e.filename})' if e.filename else ''}; "
+    except OSError as e:
+        raise RunFailure(f"training stopped: {e.strerror or e}{f' ({e.filename})' if e.filename else ''}; "
                                           "the last complete checkpoint is kept: run the same command again to resume") from None
     if is_primary(): print(f"model directory: {Path(out).resolve()}")
     return 0
@@ -114,7 +122,9 @@ def _nvidia_gpus() -> list[str]:
     "GPU names `nvidia-smi` lists (empty without it, or when it fails)."
     import shutil, subprocess
     if shutil.which("nvidia-smi") is None: return []
-    try: out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True, timeout=10)
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
+                             text=True, timeout=10)
     except (OSError, subprocess.SubprocessError): return []
     return [l.strip() for l in out.stdout.splitlines() if l.strip()] if out.returncode == 0 else []
 
@@ -134,22 +144,28 @@ def _dir_size(d: Path) -> tuple[int, int]:
 
 def doctor(devices, gpus: list[str], tpu: list[str], cache_dir, host_memory: int | None, platforms: str = "",
            plugin: str | None = None) -> list[str]:
-    "What `dalle-nb info` says of the machine: JAX's backend and devices, memory, the compilation cache; hardware JAX does not use."
+    ("What `dalle-nb info` says of the machine: JAX's backend and devices, memory, the compilation cache; hardware JAX "
+     "does not use.")
     gib = lambda b, what: "memory unknown" if b is None else f"{b / 2**30:.1f} GiB{what}"
-    mem = lambda d: gib((d.memory_stats() or {}).get("bytes_limit"), "") if d.platform != "cpu" else gib(host_memory, " free on the host")
+    mem = lambda d: gib((d.memory_stats() or {}).get("bytes_limit"),
+                        "") if d.platform != "cpu" else gib(host_memory, " free on the host")
     kinds = ", ".join(f"{d.platform}:{d.id} {getattr(d, 'device_kind', '')} ({mem(d)})" for d in devices)
     lines = [f"jax backend: {devices[0].platform}; {len(devices)} device(s): {kinds}"]
     size, n = _dir_size(Path(cache_dir)) if cache_dir else (0, 0)
     shown = str(cache_dir).replace(str(Path.home()), "~", 1)
-    lines.append(f"compilation cache: {shown} ({size / 2**20:.1f} MiB in {n} file(s))" if cache_dir else "compilation cache: off")
+    lines.append(f"compilation cache: {shown} ({size / 2**20:.1f} MiB in {n} file(s))" if cache_dir
+                 else "compilation cache: off")
     if devices[0].platform == "cpu":
         why = " (JAX_PLATFORMS is set to cpu)" if platforms.strip().lower() == "cpu" else ""
         seen = f"warning: nvidia-smi sees {len(gpus)} GPU(s) ({gpus[0]}) but JAX sees only the CPU{why}; " if gpus else ""
         if gpus and plugin and not why:
             lines.append(seen + f"JAX's CUDA plugin ({plugin}) is installed but did not start: "
-                         "`python -c \"import jax; jax.devices('gpu')\"` says why (a driver older than the plugin's CUDA, often)")
+                         "`python -c \"import jax; jax.devices('gpu')\"` says why (a driver older than the plugin's "
+                         "CUDA, often)")
         elif gpus: lines.append(seen + f"install JAX's CUDA plugin: {_INSTALL['gpu']}")
-        if tpu: lines.append(f"warning: a TPU is attached ({tpu[0]}) but JAX sees only the CPU{why}; install libtpu: {_INSTALL['tpu']}")
+        if tpu:
+            lines.append(f"warning: a TPU is attached ({tpu[0]}) but JAX sees only the CPU{why}; install libtpu: "
+                         f"{_INSTALL['tpu']}")
     return lines
 
 # %% ../nbs/11_cli.ipynb #97ac6e4c
@@ -181,25 +197,32 @@ def _say_vocabulary(text):
 
 # %% ../nbs/11_cli.ipynb #c1000ff6
 def cmd_info(a) -> int:
-    "The machine as JAX sees it (`doctor`), then a model directory (or a downloaded published set): config, parameter counts, model card."
+    ("The machine as JAX sees it (`doctor`), then a model directory (or a downloaded published set): config, parameter "
+     "counts, model card.")
     import glob
     from dalle_nb.modeldir import load_models, ModelDirError
     from dalle_nb.hub import is_published, published, converted_dir
     from dalle_nb.pipeline import available_memory
     import jax
     from flax import nnx
-    for line in doctor(jax.devices(), _nvidia_gpus(), sorted(glob.glob("/dev/accel*")), jax.config.jax_compilation_cache_dir,
+    for line in doctor(jax.devices(), _nvidia_gpus(), sorted(glob.glob("/dev/accel*")),
+                       jax.config.jax_compilation_cache_dir,
                        available_memory(), os.environ.get("JAX_PLATFORMS", ""), _cuda_plugin()): print(line)
     model = converted_dir(published(a.model)) if is_published(a.model) else a.model
-    if is_published(a.model) and not model.is_dir(): raise UsageError(f"model {a.model!r} is not downloaded yet: dalle-nb download {a.model}")
+    if is_published(a.model) and not model.is_dir():
+        raise UsageError(f"model {a.model!r} is not downloaded yet: dalle-nb download {a.model}")
     try: m = load_models(model)
     except ModelDirError as e: raise UsageError(str(e)) from None
     count = lambda mod: sum(x.size for x in jax.tree.leaves(nnx.state(mod, nnx.Param))) if mod is not None else 0
     print(f"model directory: {m.path}")
     tok = m.cfg.tokenizer_cfg
-    print(f"preset {m.cfg.name}: {'VQGAN' if m.cfg.image_tokenizer == 'vqgan' else 'dVAE'} {tok.resolution}px → {tok.grid}×{tok.grid} tokens of {tok.n_codes} codes{' (outline + colour per patch)' if getattr(tok, 'factored', False) else ''}; "
-          f"transformer: {'BART (DALL·E Mega)' if m.cfg.arch == 'bart' else 'decoder-only sparse transformer (the DALL·E paper)'}")
-    print("parameters: " + "  ".join(f"{n} {count(getattr(m, n)):,}" for n in ("vqgan", "dvae", "bart", "dalle", "clip") if getattr(m, n) is not None))
+    print(f"preset {m.cfg.name}: {'VQGAN' if m.cfg.image_tokenizer == 'vqgan' else 'dVAE'} {tok.resolution}px → "
+          f"{tok.grid}×{tok.grid} tokens of {tok.n_codes} "
+          f"codes{' (outline + colour per patch)' if getattr(tok, 'factored', False) else ''}; "
+          "transformer: "
+          f"{'BART (DALL·E Mega)' if m.cfg.arch == 'bart' else 'decoder-only sparse transformer (the DALL·E paper)'}")
+    print("parameters: " + "  ".join(f"{n} {count(getattr(m, n)):,}"
+                                     for n in ("vqgan", "dvae", "bart", "dalle", "clip") if getattr(m, n) is not None))
     if getattr(a, "verify", False): _say_verified(m)
     _say_vocabulary(m.text)
     if m.card: print("\n" + m.card.strip())
@@ -208,46 +231,59 @@ def cmd_info(a) -> int:
 def _say_verified(m):
     "`info --verify`: every file against `manifest.json` and every tensor for NaN/inf, whatever the cache remembers."
     from dalle_nb.modeldir import verify_model_dir, ModelDirError, MANIFEST
-    try: how = verify_model_dir(m.path, {n: getattr(m, n) for n in ("vqgan", "dvae", "bart", "dalle", "clip")}, full=True)
+    try:
+        how = verify_model_dir(m.path, {n: getattr(m, n) for n in ("vqgan", "dvae", "bart", "dalle", "clip")},
+                               full=True)
     except ModelDirError as e: raise UsageError(str(e)) from None
     print(f"verified: every file matches {MANIFEST}, every tensor is finite" if how == "verified" else
-          f"no {MANIFEST}: every tensor is finite, the files cannot be checked (write one: dalle_nb.modeldir.write_manifest)")
+          f"no {MANIFEST}: every tensor is finite, the files cannot be checked (write one: "
+          "dalle_nb.modeldir.write_manifest)")
 
 # %% ../nbs/11_cli.ipynb #1a891e0e
 def cmd_encode(a) -> int:
-    "Encode image–caption pairs (a folder, webdataset `.tar` shards or parquet) into VQGAN token shards in `--out`; a re-run resumes."
+    ("Encode image–caption pairs (a folder, webdataset `.tar` shards or parquet) into VQGAN token shards in `--out`; a "
+     "re-run resumes.")
     import shlex
     from dalle_nb.dataset import open_source, encode_to_shards, EncodeError
     from dalle_nb.modeldir import load_models, ModelDirError
-    if a.batch_size < 1 or a.shard_size < 1: raise UsageError(f"--batch-size and --shard-size must be positive, got {a.batch_size} and {a.shard_size}")
+    if a.batch_size < 1 or a.shard_size < 1:
+        raise UsageError(f"--batch-size and --shard-size must be positive, got {a.batch_size} and {a.shard_size}")
     command = shlex.join(["dalle-nb", "encode", *a.source, "--out", a.out, *(["--model", a.model] if a.model else []),
-                          "--batch-size", str(a.batch_size), "--shard-size", str(a.shard_size), *(["--clip-score"] if a.clip_score else []),
+                          "--batch-size", str(a.batch_size), "--shard-size", str(a.shard_size),
+                          *(["--clip-score"] if a.clip_score else []),
                           "--image-column", a.image_column, "--caption-column", a.caption_column])
     try:
         src = open_source(a.source, a.image_column, a.caption_column)
-        man = encode_to_shards(src, a.out, load_models(a.model), batch_size=a.batch_size, shard_size=a.shard_size, clip_score=a.clip_score,
+        man = encode_to_shards(src, a.out, load_models(a.model), batch_size=a.batch_size, shard_size=a.shard_size,
+                               clip_score=a.clip_score,
                                workers=a.workers, progress=not a.quiet, command=command)
     except (EncodeError, ModelDirError) as e: raise UsageError(str(e)) from None
     except KeyboardInterrupt:
-        print(f"dalle-nb: interrupted: the shards finished so far are kept in {a.out}; the same command resumes", file=sys.stderr)
+        print(f"dalle-nb: interrupted: the shards finished so far are kept in {a.out}; the same command resumes",
+              file=sys.stderr)
         return 130
-    except OSError as e: raise RunFailure(f"cannot write into --out {a.out}: {e.strerror or e}; the finished shards are kept, "
+    except OSError as e:
+        raise RunFailure(f"cannot write into --out {a.out}: {e.strerror or e}; the finished shards are kept, "
                                           "the same command resumes") from None
     for e in man.get("source_errors", []): print(f"dalle-nb: warning: {e}", file=sys.stderr)
     run, sk = man["runs"][-1], man["skipped"]
     why = f" ({', '.join(f'{v} {k}' for k, v in sorted(sk.items()))})" if sk else ""
-    print(f"encoded {run['shards_to_encode']} shard(s), {run['shards_done_before']} already done: {man['rows']} rows in "
+    print(f"encoded {run['shards_to_encode']} shard(s), {run['shards_done_before']} already done: {man['rows']} rows "
+          "in "
           f"{len(man['shards'])} shard(s), {sum(sk.values())} record(s) skipped{why}")
     print(f"manifest: {(Path(a.out) / 'manifest.json').resolve()}")
     return 0
 
 # %% ../nbs/11_cli.ipynb #30a02269
 def cmd_convert(a) -> int:
-    "Convert published DALL·E Mini/Mega weights (min-dalle's or dalle-mini's layout, with VQGAN and CLIP) into a model directory."
+    ("Convert published DALL·E Mini/Mega weights (min-dalle's or dalle-mini's layout, with VQGAN and CLIP) into a "
+     "model directory.")
     if a.source == "dalle-mini" and not a.vqgan:
-        raise UsageError("--from dalle-mini needs --vqgan DIR: dalle-mini keeps its VQGAN (flax_model.msgpack + config.json) in its own folder")
+        raise UsageError("--from dalle-mini needs --vqgan DIR: dalle-mini keeps its VQGAN (flax_model.msgpack + "
+                         "config.json) in its own folder")
     out = Path(a.out)
-    if out.exists() and (not out.is_dir() or any(out.iterdir())): raise UsageError(f"--out {out} exists and is not an empty directory; choose a new one")
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise UsageError(f"--out {out} exists and is not an empty directory; choose a new one")
     from dalle_nb.convert import ConvertError
     from dalle_nb.published import convert
     t0 = time.perf_counter()
@@ -261,7 +297,8 @@ def cmd_convert(a) -> int:
 def _gib(b) -> str: return "?" if b is None else f"{b / 2**30:.2f} GiB"
 
 def cmd_models(a) -> int:
-    "List the published sets `--model` takes by name: repositories, download size, memory for 1 and 8 images, what is on disk."
+    ("List the published sets `--model` takes by name: repositories, download size, memory for 1 and 8 images, what is "
+     "on disk.")
     from dalle_nb.hub import PUBLISHED, status, memory_needed
     ask = [True]
     for name, p in PUBLISHED.items():
@@ -283,16 +320,20 @@ def cmd_download(a) -> int:
     return 0
 
 # %% ../nbs/11_cli.ipynb #238a5680
-_FLAGS = dict(every="--progressive", image_prompt="--image-prompt")   # settings whose flag is not `--` + the name, dashed
+# settings whose flag is not `--` + the name, dashed
+_FLAGS = dict(every="--progressive", image_prompt="--image-prompt")
 
 def _flag(name: str) -> str: return _FLAGS.get(name, "--" + name.replace("_", "-"))
 
 def _prompts(a) -> list[str]:
-    "The prompts of a `generate` call: the argument, or the lines of `--prompts FILE` (blank lines and `#` comments skipped)."
-    if (a.prompt is None) == (a.prompts is None): raise UsageError("give one prompt, or --prompts FILE (one prompt per line), or --from PNG")
+    ("The prompts of a `generate` call: the argument, or the lines of `--prompts FILE` (blank lines and `#` comments "
+     "skipped).")
+    if (a.prompt is None) == (a.prompts is None):
+        raise UsageError("give one prompt, or --prompts FILE (one prompt per line), or --from PNG")
     if a.prompts is None: return [a.prompt]
     try: lines = Path(a.prompts).read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as e: raise UsageError(f"--prompts {a.prompts}: cannot read it ({getattr(e, 'strerror', None) or e})") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise UsageError(f"--prompts {a.prompts}: cannot read it ({getattr(e, 'strerror', None) or e})") from None
     prompts = [l.strip() for l in lines if l.strip() and not l.lstrip().startswith("#")]
     if not prompts: raise UsageError(f"--prompts {a.prompts}: no prompts in it (one per line)")
     return prompts
@@ -319,7 +360,8 @@ def _folders(prompts: list[str]) -> list[str]:
 
 # %% ../nbs/11_cli.ipynb #3db3d5cb
 def _checked(a, prompts):
-    "Load the model and check every setting, prompt and the image prompt before any work; `(pipeline, settings, warnings)`."
+    ("Load the model and check every setting, prompt and the image prompt before any work; `(pipeline, settings, "
+     "warnings)`.")
     from dalle_nb.pipeline import Pipeline, PromptError, SettingError, check_setting
     from dalle_nb.modeldir import ModelDirError
     from dalle_nb.hub import HubError
@@ -327,31 +369,41 @@ def _checked(a, prompts):
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             every = None if a.progressive is None else check_setting("every", a.progressive)
-            for name in ("n", "rerank", "cond_scale", "seed", "temperature", "top_k", "top_p", "plausibility", "keep_rows", "max_memory"):
-                if getattr(a, name) is not None: check_setting(name, getattr(a, name))   # NaN, sign: before loading anything
+            for name in ("n", "rerank", "cond_scale", "seed", "temperature", "top_k", "top_p", "plausibility",
+                         "keep_rows", "max_memory"):
+                # NaN, sign: before loading anything
+                if getattr(a, name) is not None: check_setting(name, getattr(a, name))
             pipe = Pipeline(a.model, quantize=a.quantize, cache=a.cache)
-            st = pipe.settings(a.n, a.rerank, a.cond_scale, 0 if a.seed is None else a.seed, a.temperature, a.top_k, a.top_p, a.plausibility)
+            st = pipe.settings(a.n, a.rerank, a.cond_scale, 0 if a.seed is None else a.seed, a.temperature, a.top_k,
+                               a.top_p, a.plausibility)
             pipe.encode_negative(a.negative, st["cond_scale"])
             for i, p in enumerate(prompts):
                 try: pipe.encode_prompt(p)
-                except PromptError as e: raise PromptError(f"--prompts {a.prompts} prompt {i + 1} ({_q(p)}): {e}" if a.prompts else str(e)) from None
+                except PromptError as e:
+                    raise PromptError(f"--prompts {a.prompts} prompt {i + 1} ({_q(p)}): {e}" if a.prompts
+                                      else str(e)) from None
             pipe.image_prompt(a.image_prompt, a.keep_rows)
             asked = min(pipe.batch_size, st["n"] * len(prompts))
-            pipe.batch_size = pipe.batch_for(st["n"], st["rerank"], len(prompts), None if a.max_memory is None else a.max_memory * 2**30)
-            if pipe.batch_size < asked: warnings.warn(f"drawing {pipe.batch_size} image(s) at a time, not {asked}, to fit {'--max-memory' if a.max_memory else 'the free memory'}")
+            pipe.batch_size = pipe.batch_for(st["n"], st["rerank"], len(prompts), None if a.max_memory is None
+                                             else a.max_memory * 2**30)
+            if pipe.batch_size < asked:
+                warnings.warn(f"drawing {pipe.batch_size} image(s) at a time, not {asked}, to fit "
+                              f"{'--max-memory' if a.max_memory else 'the free memory'}")
     except SettingError as e: raise UsageError(f"{_flag(e.name)} {e.message}") from None
     except (PromptError, ModelDirError, ValueError, HubError) as e: raise UsageError(str(e)) from None
     return pipe, dict(st, every=every), [str(w.message) for w in caught]
 
 # %% ../nbs/11_cli.ipynb #94a2d769
 def _progress_writer(out: Path, every):
-    "Callback part that writes `--progressive` frames (a grid of the batch per step) into `out/progress/`; `.gif()` joins them."
+    ("Callback part that writes `--progressive` frames (a grid of the batch per step) into `out/progress/`; `.gif()` "
+     "joins them.")
     frames = []
     def write(step):
         if every is None: return
         from dalle_nb.images import image_grid, save_png
         frames.append(_new_file(lambda k: out / "progress" / f"frame_{len(frames) + k:04d}.png",
-                                lambda p: save_png(image_grid(step.images), p, replace=False)))   # another run's frames: kept
+                                # another run's frames: kept
+                                lambda p: save_png(image_grid(step.images), p, replace=False)))
     def gif():
         if not frames: return None
         from PIL import Image
@@ -359,24 +411,28 @@ def _progress_writer(out: Path, every):
         ims = [Image.open(f).convert("RGB") for f in frames]
         def save(path):
             with atomic_path(path, replace=False) as tmp:         # never a truncated GIF under its final name
-                ims[0].save(tmp, format="GIF", save_all=True, append_images=ims[1:] + [ims[-1]] * 4, duration=120, loop=0)
+                ims[0].save(tmp, format="GIF", save_all=True, append_images=ims[1:] + [ims[-1]] * 4, duration=120,
+                            loop=0)
             return path
         return _new_file(lambda k: out / ("progress.gif" if k == 0 else f"progress-{k + 1}.gif"), save)
     write.gif = gif
     return write
 
 def _new_file(name, write):
-    "`write(name(k))` for k = 0, 1, … until a name is free (`write` raises `FileExistsError` for a taken one); the path."
+    ("`write(name(k))` for k = 0, 1, … until a name is free (`write` raises `FileExistsError` for a taken one); the "
+     "path.")
     for k in range(10**6):
         try: return write(name(k))
         except FileExistsError: pass
     raise RunFailure(f"no free name for {name(0)}")
 
 def _ctrl_c_handler(stop):
-    "A SIGINT handler: the first Ctrl-C sets `stop` (the run ends after the images being drawn); a second raises `KeyboardInterrupt`."
+    ("A SIGINT handler: the first Ctrl-C sets `stop` (the run ends after the images being drawn); a second raises "
+     "`KeyboardInterrupt`.")
     def handler(sig, frame):
         if stop.is_set(): raise KeyboardInterrupt
-        stop.set(); print("\ndalle-nb: stopping after the images being drawn now (Ctrl-C again: at once)", file=sys.stderr)
+        stop.set(); print("\ndalle-nb: stopping after the images being drawn now (Ctrl-C again: at once)",
+                          file=sys.stderr)
     return handler
 
 @contextlib.contextmanager
@@ -391,11 +447,14 @@ def _ctrl_c_sets(stop):
 def _say_plan(pipe, st, prompts):
     "Print (to stderr) how many images will be drawn, how many at a time, and the memory that takes."
     total, est = st["n"] * len(prompts), pipe.memory_estimate(st["n"], st["rerank"], len(prompts))
-    print(f"dalle-nb: {total} image(s) to draw for {len(prompts)} prompt(s), {min(pipe.batch_size, total)} at a time; memory: about "
-          f"{est['total'] / 2**20:,.0f} MiB (weights {est['weights'] / 2**20:,.0f}, a batch {est['batch'] / 2**20:,.0f}, images kept {est['kept'] / 2**20:,.0f})", file=sys.stderr)
+    print(f"dalle-nb: {total} image(s) to draw for {len(prompts)} prompt(s), {min(pipe.batch_size, total)} at a time; "
+          "memory: about "
+          f"{est['total'] / 2**20:,.0f} MiB (weights {est['weights'] / 2**20:,.0f}, a batch "
+          f"{est['batch'] / 2**20:,.0f}, images kept {est['kept'] / 2**20:,.0f})", file=sys.stderr)
 
 def _say_written(written: dict, folders):
-    "Print each prompt's images: CLIP scores, files written (in rank or candidate order), how many repeated a better one."
+    ("Print each prompt's images: CLIP scores, files written (in rank or candidate order), how many repeated a better "
+     "one.")
     for j, (r, paths) in sorted(written.items()):
         scores = "" if r.scores is None else "  clip scores: " + " ".join(f"{s:.3f}" for s in r.scores)
         print(f"{len(r.images)} image(s) for {_q(r.prompt)}{scores}")
@@ -414,7 +473,8 @@ def cmd_generate(a) -> int:
     from dalle_nb.pipeline import ImageFolder
     if not a.out.strip(): raise UsageError("--out is empty: name the directory for the images")
     if a.from_png is not None: return _regenerate(a)
-    if a.keep_rows is not None and a.image_prompt is None: raise UsageError("--keep-rows needs an image prompt (--image-prompt: the image whose top rows are kept)")
+    if a.keep_rows is not None and a.image_prompt is None:
+        raise UsageError("--keep-rows needs an image prompt (--image-prompt: the image whose top rows are kept)")
     prompts = _prompts(a)
     t0 = time.perf_counter()
     pipe, st, notes = _checked(a, prompts)
@@ -437,7 +497,8 @@ def cmd_generate(a) -> int:
         warnings.filterwarnings("ignore", message="prompt truncated")   # said once already, by `_checked`
         try: pipe.many(prompts, callback=on_step, every=st["every"], image_prompt=a.image_prompt, keep_rows=a.keep_rows,
                        negative=a.negative,
-                       **{k: st[k] for k in ("n", "rerank", "cond_scale", "seed", "temperature", "top_k", "top_p", "plausibility")})
+                       **{k: st[k] for k in ("n", "rerank", "cond_scale", "seed", "temperature", "top_k", "top_p",
+                                             "plausibility")})
         except KeyboardInterrupt: stop.set()                         # the second Ctrl-C
         except OSError as e: failed = e                              # a full disk: what is finished stays
         try: preview = frames.gif()
@@ -445,12 +506,14 @@ def cmd_generate(a) -> int:
     bar.close()
     if stop.is_set() or failed is not None: return _say_stopped(folders, out, failed)
     _say_written(written, folders)
-    print(f"done in {time.perf_counter() - t0:.1f}s" + (f"; progressive frames in {out / 'progress'}, animated: {preview}" if preview else ""))
+    print(f"done in {time.perf_counter() - t0:.1f}s"
+          + (f"; progressive frames in {out / 'progress'}, animated: {preview}" if preview else ""))
     return 0
 
 def _say_stopped(folders, out: Path, failed: OSError | None) -> int:
-    "After Ctrl-C (exit 130) or a failed write (`RunFailure`): the grids redrawn from the finished images, which are all kept."
-    for f in folders:                                                # the stop may have come between an image and the grid
+    ("After Ctrl-C (exit 130) or a failed write (`RunFailure`): the grids redrawn from the finished images, which are "
+     "all kept.")
+    for f in folders:                                             # the stop may have come between an image and the grid
         try: f.regrid()
         except OSError: pass
     kept = sum(len(f.files) for f in folders)
@@ -465,13 +528,17 @@ def _regenerate(a) -> int:
     from dalle_nb.pipeline import Pipeline, read_record
     from dalle_nb.modeldir import ModelDirError
     from dalle_nb.hub import HubError
-    given = [f for f in ("prompt", "prompts", "n", "rerank", "cond_scale", "seed", "temperature", "top_k", "top_p", "plausibility",
+    given = [f for f in ("prompt", "prompts", "n", "rerank", "cond_scale", "seed", "temperature", "top_k", "top_p",
+                         "plausibility",
                          "image_prompt", "keep_rows", "progressive", "negative") if getattr(a, f) is not None]
-    if given: raise UsageError(f"--from draws the image again with its own settings; drop {', '.join(_flag(f) if f != 'prompt' else 'the prompt' for f in given)}")
+    if given:
+        raise UsageError("--from draws the image again with its own settings; drop "
+                         f"{', '.join(_flag(f) if f != 'prompt' else 'the prompt' for f in given)}")
     if not Path(a.from_png).is_file(): raise UsageError(f"--from {a.from_png}: no such file")
     try: rec = read_record(a.from_png)
     except ValueError as e: raise UsageError(f"--from {e}") from None
-    if not isinstance(rec.get("model", ""), str): raise UsageError(f"--from {a.from_png}: its record's model is not a path; give --model DIR")
+    if not isinstance(rec.get("model", ""), str):
+        raise UsageError(f"--from {a.from_png}: its record's model is not a path; give --model DIR")
     model = a.model or (None if rec.get("model") in ("shipped", "", None) else rec["model"])
     try: r, same = Pipeline(model, quantize=a.quantize or rec.get("settings", {}).get("quantize"),
                              cache=a.cache or rec.get("settings", {}).get("cache")).regenerate(rec)
@@ -479,7 +546,9 @@ def _regenerate(a) -> int:
     except HubError as e: raise UsageError(str(e)) from None
     except ValueError as e: raise UsageError(f"--from {a.from_png}: {e}") from None
     paths = r.save(_writable(Path(a.out), ["."])[0])
-    if not same: print("dalle-nb: warning: the tokens differ from the ones recorded (another machine or library version draws differently)", file=sys.stderr)
+    if not same:
+        print("dalle-nb: warning: the tokens differ from the ones recorded (another machine or library version draws "
+              "differently)", file=sys.stderr)
     print(f"regenerated {paths[0].name} ({_q(rec['prompt'])}, seed {r.settings['seed']}, candidate {rec['index']})"
           f"{': the same tokens as recorded' if same else ''} in {Path(a.out).resolve()}")
     return 0
@@ -502,7 +571,8 @@ def _add_generate(sub):
                    help=f"keep the K best distinct images by CLIP score (0 = keep all, unranked; {ours(s.rerank)})")
     g.add_argument("--cond-scale", type=float, default=None,
                    help=f"super-conditioning scale (1 = none; {ours(s.cond_scale)})")
-    g.add_argument("--seed", type=int, default=None, help="candidate i of a seed is the same image whatever --n (default 0)")
+    g.add_argument("--seed", type=int, default=None,
+                   help="candidate i of a seed is the same image whatever --n (default 0)")
     g.add_argument("--temperature", type=float, default=None,
                    help=f"divide the logits by T before sampling (< 1: surer, > 1: more varied; {ours(s.temperature)})")
     g.add_argument("--top-k", type=int, default=None,
@@ -571,18 +641,24 @@ def _add_train(sub):
 # %% ../nbs/11_cli.ipynb #49f8ea8d
 def _add_info_encode(sub):
     "`dalle-nb info`'s and `dalle-nb encode`'s flags."
-    i = sub.add_parser("info", help="what JAX sees (backend, devices, memory, compilation cache; a GPU it misses), and a model directory")
-    i.add_argument("--model", default=None, help="model directory or downloaded published set (default: the shipped model)")
+    i = sub.add_parser("info",
+                       help="what JAX sees (backend, devices, memory, compilation cache; a GPU it misses), and a model "
+                            "directory")
+    i.add_argument("--model", default=None,
+                   help="model directory or downloaded published set (default: the shipped model)")
     i.add_argument("--verify", action="store_true",
                    help="check every file against manifest.json and every tensor for NaN/inf, now")
     i.set_defaults(func=cmd_info)
     e = sub.add_parser("encode", help="images + captions → VQGAN token shards (parquet + manifest.json) for training")
-    e.add_argument("source", nargs="+", help="a folder of images with same-name .txt captions, webdataset .tar files, or .parquet files")
+    e.add_argument("source", nargs="+",
+                   help="a folder of images with same-name .txt captions, webdataset .tar files, or .parquet files")
     e.add_argument("--out", required=True, help="directory for the shards and manifest.json (running again resumes)")
     e.add_argument("--model", default=None, help="model directory whose VQGAN encodes (default: the shipped model)")
-    e.add_argument("--batch-size", type=int, default=64, help="images per batch, split over all local devices (default 64)")
+    e.add_argument("--batch-size", type=int, default=64,
+                   help="images per batch, split over all local devices (default 64)")
     e.add_argument("--shard-size", type=int, default=10_000, help="input records per shard (default 10000)")
-    e.add_argument("--clip-score", action="store_true", help="add a clip_score column computed with the model directory's CLIP")
+    e.add_argument("--clip-score", action="store_true",
+                   help="add a clip_score column computed with the model directory's CLIP")
     e.add_argument("--image-column", default="image", help="parquet input: column of image bytes (default 'image')")
     e.add_argument("--caption-column", default="caption", help="parquet input: column of captions (default 'caption')")
     e.add_argument("--workers", type=int, default=None, help="image-decoding threads (default: min(8, CPU count))")
@@ -594,13 +670,15 @@ def _add_convert(sub):
     c = sub.add_parser("convert", help="published DALL·E Mini/Mega weights (+ VQGAN, CLIP) → a model directory")
     c.add_argument("dir", help="the BART's folder: min-dalle's (encoder.pt, decoder.pt, vocab.json, merges.txt) "
                                "or dalle-mini's (flax_model.msgpack, config.json, vocab.json, merges.txt)")
-    c.add_argument("--from", dest="source", required=True, choices=("min-dalle", "dalle-mini"), help="the layout of DIR")
+    c.add_argument("--from", dest="source", required=True, choices=("min-dalle", "dalle-mini"),
+                   help="the layout of DIR")
     c.add_argument("--out", required=True, help="the model directory to write (new or empty)")
     c.add_argument("--vqgan", default=None, help="dalle-mini's VQGAN folder (flax_model.msgpack + config.json); "
                                                  "min-dalle default: detoker.pt in DIR or DIR/../vqgan (decoder only)")
     c.add_argument("--clip", default=None, help="CLIP folder in transformers' layout (config.json, model.safetensors "
                    "or pytorch_model.bin, tokenizer) for reranking (default: none, no reranking)")
-    c.add_argument("--dtype", choices=("float32", "float16", "bfloat16"), default="float32", help="parameters on disk (default float32)")
+    c.add_argument("--dtype", choices=("float32", "float16", "bfloat16"), default="float32",
+                   help="parameters on disk (default float32)")
     c.add_argument("--heads", type=int, default=None, help="min-dalle: attention heads of a BART that is neither Mini "
                    "nor Mega (not stored in the files; default: Mini's or Mega's, by the tensors' sizes)")
     c.set_defaults(func=cmd_convert)
@@ -608,10 +686,13 @@ def _add_convert(sub):
 # %% ../nbs/11_cli.ipynb #c4ce65c4
 def _add_hub(sub):
     "`dalle-nb models`' and `dalle-nb download`'s flags."
-    m = sub.add_parser("models", help="published sets --model takes by name: repositories, download size, memory, what is on disk")
-    m.add_argument("--offline", action="store_true", help="ask the Hub nothing (sizes of files not downloaded are then unknown)")
+    m = sub.add_parser("models",
+                       help="published sets --model takes by name: repositories, download size, memory, what is on disk")
+    m.add_argument("--offline", action="store_true",
+                   help="ask the Hub nothing (sizes of files not downloaded are then unknown)")
     m.set_defaults(func=cmd_models)
-    d = sub.add_parser("download", help="fetch a published set by name (mega, mini, a Hub id) and convert it, without generating")
+    d = sub.add_parser("download",
+                       help="fetch a published set by name (mega, mini, a Hub id) and convert it, without generating")
     d.add_argument("name", help="mega, mini, or a published set's Hub id (dalle-nb models lists them)")
     d.set_defaults(func=cmd_download)
 
@@ -631,12 +712,14 @@ def _parsers(p):
             for sp in a.choices.values(): yield from _parsers(sp)
 
 class _Parser(argparse.ArgumentParser):
-    "argparse, its refusals in one line (not the whole usage block): `dalle-nb generate: error: … (see --help)`, exit 2."
+    ("argparse, its refusals in one line (not the whole usage block): `dalle-nb generate: error: … (see --help)`, exit "
+     "2.")
     def error(self, message):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 def build_parser() -> argparse.ArgumentParser:
-    "The `dalle-nb` argument parser: generate, train, info, encode, convert, pod, gpu; each option's help gives its default."
+    ("The `dalle-nb` argument parser: generate, train, info, encode, convert, pod, gpu; each option's help gives its "
+     "default.")
     p = _Parser(prog="dalle-nb",
                 description="DALL·E Mega in JAX/Flax: generate images from text, train models.")
     sub = p.add_subparsers(dest="command", required=True)
