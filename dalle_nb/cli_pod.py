@@ -90,17 +90,9 @@ def _cmd_launch(a, pod) -> int:
     return 0
 
 # %% ../nbs/11a_cli_pod.ipynb #bba6523d
-def _cmd(a) -> int:
-    "Run the `dalle-nb pod` subcommand `a.pod_command`."
+def _cmd_pod(a) -> int:
+    "Run a `dalle-nb pod` subcommand that acts on one named pod: create, setup, launch, logs, stop, delete, watch."
     c = a.pod_command
-    if c == "worker-start": print(worker_start(a.run, a.argv, a.dir)); return 0
-    if c == "worker-stop": print(worker_stop(a.run, a.dir, a.grace)); return 0
-    if c == "worker-status": print(worker_status(a.run, a.dir)); return 0
-    if c == "fit": return _cmd_fit(a)
-    if c == "list":
-        pod = TPUPod(PodSpec("list", zone=a.zone, project=a.project), _runner(a))
-        for r in pod.list(): print(f"{r['name']:30s} {r['state']:12s} {r['accelerator']}")
-        return 0
     if c == "create":
         return TPUPod(_spec(a, accelerator=a.accelerator, version=a.version, provisioning=a.provisioning),
                       _runner(a)).create().returncode
@@ -115,11 +107,24 @@ def _cmd(a) -> int:
     if c == "watch":
         job = _job(a)
         spec = _spec(a, accelerator=a.accelerator, version=a.version, provisioning=a.provisioning)
-        pod = TPUPod(spec, _runner(a))
-        out = watch(pod, job, _wheel(a), max_restarts=a.max_restarts, poll=a.poll)
+        out = watch(TPUPod(spec, _runner(a)), job, _wheel(a), max_restarts=a.max_restarts, poll=a.poll)
         print(f"watch: {out}")
         return 0 if out in ("done", "dry run") else 1
     raise PodError(f"unknown pod command {c!r}")
+
+# %% ../nbs/11a_cli_pod.ipynb #19365012
+def _cmd(a) -> int:
+    "Run the `dalle-nb pod` subcommand `a.pod_command`: the workers' own, `fit`, `list`, or one on a pod (`_cmd_pod`)."
+    c = a.pod_command
+    if c == "worker-start": print(worker_start(a.run, a.argv, a.dir)); return 0
+    if c == "worker-stop": print(worker_stop(a.run, a.dir, a.grace)); return 0
+    if c == "worker-status": print(worker_status(a.run, a.dir)); return 0
+    if c == "fit": return _cmd_fit(a)
+    if c == "list":
+        pod = TPUPod(PodSpec("list", zone=a.zone, project=a.project), _runner(a))
+        for r in pod.list(): print(f"{r['name']:30s} {r['state']:12s} {r['accelerator']}")
+        return 0
+    return _cmd_pod(a)
 
 # %% ../nbs/11a_cli_pod.ipynb #178f0a3f
 def _create_args(p):
@@ -134,11 +139,12 @@ def _wheel_args(p):
     p.add_argument("--wheel", default=None, help="dalle_nb wheel to install (default: build one from this checkout)")
     p.add_argument("--wheel-dir", default="dist", help="where to build the wheel (default dist/)")
 
+# %% ../nbs/11a_cli_pod.ipynb #91c63718
 def _add_pod_lifecycle(ps):
-    "`pod create|setup|launch|logs|list|stop|delete|watch`."
+    "`pod create|setup|launch`, then `_add_pod_runs`' commands."
     p = ps.add_parser("create", help="create a TPU VM pod"); _pod_args(p); _create_args(p)
-    p = ps.add_parser("setup",
-                      help="install this package (and mount GCS buckets) on every worker"); _pod_args(p); _wheel_args(p)
+    p = ps.add_parser("setup", help="install this package (and mount GCS buckets) on every worker")
+    _pod_args(p); _wheel_args(p)
     p.add_argument("--mount", action="append", default=[], metavar="BUCKET",
                    help="GCS bucket to mount at /mnt/gcs/BUCKET (repeatable; default: none)")
     p = ps.add_parser("launch", help="start `dalle-nb train` on every worker"); _pod_args(p); _job_args(p)
@@ -148,6 +154,11 @@ def _add_pod_lifecycle(ps):
     p.add_argument("--local-dir", default="runs/local-pod", help="--local: where each process keeps its log")
     p.add_argument("--wait", action="store_true", help="--local: wait for the processes; exit 1 unless all succeed")
     p.add_argument("--timeout", type=float, default=3600, help="--local --wait: seconds to wait for the processes")
+    _add_pod_runs(ps)
+
+# %% ../nbs/11a_cli_pod.ipynb #5f6261af
+def _add_pod_runs(ps):
+    "`pod logs|list|stop|delete|watch`: the runs on a pod, and the pod's end."
     p = ps.add_parser("logs", help="stream a run's log from a worker"); _pod_args(p)
     p.add_argument("--run", required=True, help="run name")
     p.add_argument("--worker", default="0", help="worker index, or all")
@@ -157,8 +168,8 @@ def _add_pod_lifecycle(ps):
     p = ps.add_parser("stop", help="stop a run on every worker (the pod stays)"); _pod_args(p)
     p.add_argument("--run", required=True, help="run name")
     p = ps.add_parser("delete", help="delete the pod"); _pod_args(p)
-    p = ps.add_parser("watch",
-                      help="keep a run going: recreate + relaunch after preemption"); _pod_args(p); _job_args(p); _create_args(p); _wheel_args(p)
+    p = ps.add_parser("watch", help="keep a run going: recreate + relaunch after preemption")
+    _pod_args(p); _job_args(p); _create_args(p); _wheel_args(p)
     p.add_argument("--max-restarts", type=int, default=10, help="relaunches after preemption before giving up")
     p.add_argument("--poll", type=float, default=300, help="seconds between checks of the pod and the run")
 
@@ -185,6 +196,7 @@ def _add_pod_fit(ps):
     p.add_argument("--set", action="append", default=[], help="override a config field (repeatable; default: none)")
     p.add_argument("--json", default=None, help="also write the report as JSON here (default: none)")
 
+# %% ../nbs/11a_cli_pod.ipynb #a42ba811
 def _add_worker_commands(ps):
     "`pod worker-start|worker-stop|worker-status`: what `launch`, `stop` and `watch` run on the workers."
     for name, what in (("worker-start", "start a run detached (launch runs this on every worker)"),
@@ -228,12 +240,26 @@ def _cmd_gpu(a) -> int:
     if a.gpu_command == "fit": rep = G.gpu_check(cfg, a.gpu, a.images, None if a.quantize == "none" else a.quantize)
     else:
         rep = G.gpu_train_check(cfg, a.gpu, a.devices, a.mesh, per_replica=a.per_replica, accum=a.accum, remat=a.remat,
-                                  optimizer=a.optimizer, dtype=a.dtype, param_dtype=a.param_dtype)
+                                optimizer=a.optimizer, dtype=a.dtype, param_dtype=a.param_dtype)
     print(rep.table())
     if a.json:
         out = Path(a.json); out.parent.mkdir(parents=True, exist_ok=True)
         with atomic_path(out) as tmp: tmp.write_text(json.dumps(rep.to_json(), indent=1))
     return 0 if rep.fits else 1
+
+# %% ../nbs/11a_cli_pod.ipynb #d80f4a69
+def _gpu_train_args(train):
+    "`gpu train`'s own flags: the cards of the host and the train step's layout, batch and precision."
+    from dalle_nb.model_configs import REMATS
+    train.add_argument("--devices", type=int, default=1, help="GPUs of this card in one node")
+    train.add_argument("--mesh", default="dp=-1", help="device layout, e.g. fsdp=8 or dp=2,mp=4")
+    train.add_argument("--per-replica", type=int, default=None,
+                       help="samples per model replica per accumulation step (default: bart_train.batch_size)")
+    train.add_argument("--accum", type=int, default=1, help="gradient accumulation steps")
+    train.add_argument("--remat", choices=REMATS, default="full", help="what the backward pass recomputes")
+    train.add_argument("--optimizer", default=None, help="adam, adafactor or shampoo (default: the preset's)")
+    train.add_argument("--dtype", default=None, help="activations' dtype (default: the preset's)")
+    train.add_argument("--param-dtype", default=None, help="parameters' dtype (default: the preset's)")
 
 # %% ../nbs/11a_cli_pod.ipynb #5db5f837
 def add_gpu_commands(sub, usage_error=ValueError):
@@ -254,15 +280,7 @@ def add_gpu_commands(sub, usage_error=ValueError):
     fit.add_argument("--images", type=int, default=9, help="images drawn at once (super conditioning doubles the rows)")
     fit.add_argument("--quantize", choices=("none", "bfloat16", "int8"), default="bfloat16",
                      help="the transformer's kernels as served")
-    train.add_argument("--devices", type=int, default=1, help="GPUs of this card in one node")
-    train.add_argument("--mesh", default="dp=-1", help="device layout, e.g. fsdp=8 or dp=2,mp=4")
-    train.add_argument("--per-replica", type=int, default=None,
-                       help="samples per model replica per accumulation step (default: bart_train.batch_size)")
-    train.add_argument("--accum", type=int, default=1, help="gradient accumulation steps")
-    train.add_argument("--remat", choices=REMATS, default="full", help="what the backward pass recomputes")
-    train.add_argument("--optimizer", default=None, help="adam, adafactor or shampoo (default: the preset's)")
-    train.add_argument("--dtype", default=None, help="activations' dtype (default: the preset's)")
-    train.add_argument("--param-dtype", default=None, help="parameters' dtype (default: the preset's)")
+    _gpu_train_args(train)
     def run(a):
         try: return _cmd_gpu(a)
         except ValueError as e: raise usage_error(str(e)) from None

@@ -570,11 +570,11 @@ def batch_for(self: Pipeline, n: int, rerank: int, prompts: int = 1, limit: floa
         if need <= limit: return bs
         if bs == 1 and free:
             raise SettingError("n", f"is too large for the free memory: even one image at a time, {n * prompts} "
-                                                f"image(s) need about {need / 2**20:,.0f} MiB besides the weights and "
-                                                f"{limit / 2**20:,.0f} MiB are free")
+                               f"image(s) need about {need / 2**20:,.0f} MiB besides the weights and "
+                               f"{limit / 2**20:,.0f} MiB are free")
         if bs == 1:
             raise SettingError("max_memory", f"is not enough: one image at a time needs about {need / 2**20:,.0f} MiB, "
-                                       f"and {limit / 2**20:,.0f} MiB are allowed")
+                               f"and {limit / 2**20:,.0f} MiB are allowed")
         bs = max(1, bs // 2)
 
 @patch
