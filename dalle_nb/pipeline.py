@@ -13,7 +13,8 @@ import numpy as np
 import jax, jax.numpy as jnp
 from flax import nnx
 from fastcore.basics import patch
-from .images import image_grid, save_png, png_text, to_uint8, to_float, load_image, center_crop_resize, ImageFileError, remove_stale_temps
+from .images import (image_grid, save_png, png_text, to_uint8, to_float, load_image, center_crop_resize,
+                             ImageFileError, remove_stale_temps)
 from .modeldir import Models, load_models, default_model_dir
 from .clip import clip_scores
 from .sample import generate as sample_tokens, generate_steps, row_keys, state_bytes
@@ -123,7 +124,6 @@ def encode_negative(self: Pipeline, negative: str | None, cond_scale: float) -> 
     try: return self.encode_prompt(negative)
     except PromptError as e: raise SettingError("negative", f"prompt cannot be used: {e}") from None
 
-
 # %% ../nbs/10_pipeline.ipynb #0d29f8fe
 @patch(as_prop=True)
 def grid(self: Pipeline) -> int:
@@ -224,10 +224,10 @@ def _batch(self: Pipeline, text_ids, keys, pad_to: int, st: dict, prefix=None, k
     for t, toks in generate_steps(self.models.transformer, fill(text_ids), keys, every=every, **kw):
         yield t, toks[:rows]
 
+# %% ../nbs/10_pipeline.ipynb #9300398f
 @patch
 def sample(self: Pipeline, text_ids, n: int, seed=0, cond_scale=1.0, temperature=1.0, top_k=0, top_p=1.0,
-           plausibility=0.0,
-           prefix=None, keep: int = 0) -> np.ndarray:
+           plausibility=0.0, prefix=None, keep: int = 0) -> np.ndarray:
     ("Token ids `[n, image_len]` for one prompt's ids `[1, S]`, in fixed-size chunks; the first `keep` are `prefix`'s "
      "`[1, image_len]`.")
     st, keys, bs = dict(cond_scale=cond_scale, temperature=temperature, top_k=top_k, top_p=top_p,
@@ -267,11 +267,19 @@ def decode_partial(self: Pipeline, tokens) -> np.ndarray:
     images[:, undrawn] = 0.5
     return images
 
+# %% ../nbs/10_pipeline.ipynb #12ca51bc
+@patch
+def _scores(self: Pipeline, images, prompt_of, clip_ids) -> np.ndarray:
+    "CLIP scores of a batch's `images`, each row against its prompt's `clip_ids` (`prompt_of`: each row's prompt)."
+    scores = np.zeros(len(prompt_of), np.float32)
+    for j in np.unique(prompt_of): scores[prompt_of == j] = self.score(images[prompt_of == j], clip_ids[j])
+    return scores
+
 # %% ../nbs/10_pipeline.ipynb #1512e47a
 @patch
 def stream(self: Pipeline, prompts, n=None, rerank=None, cond_scale=None, seed=0, temperature=None, top_k=None,
-           top_p=None,
-           plausibility=None, image_prompt=None, keep_rows=None, every=None, indices=None, pad_to=None, negative=None):
+           top_p=None, plausibility=None, image_prompt=None, keep_rows=None, every=None, indices=None, pad_to=None,
+           negative=None):
     ("Sample candidates `indices` (default `range(n)`) of one prompt or a list, batch by batch: a `Step` every `every` "
      "tokens and when a batch is done.")
     prompts = [prompts] if isinstance(prompts, str) else list(prompts)
@@ -281,23 +289,20 @@ def stream(self: Pipeline, prompts, n=None, rerank=None, cond_scale=None, seed=0
     ids = np.concatenate([self.encode_prompt(p) for p in prompts])
     negative_ids = self.encode_negative(negative, st["cond_scale"])
     if st["rerank"]:
-        clip_ids = [ids[j:j + 1] if self.models.clip_text is None else self.models.clip_text([p]) for j,
-                    p in enumerate(prompts)]
+        clip_ids = [ids[j:j + 1] if self.models.clip_text is None else self.models.clip_text([p])
+                    for j, p in enumerate(prompts)]
     idx = None if indices is None else np.asarray(indices, int)
     per = st["n"] if idx is None else len(idx)
     total = len(prompts) * per                       # rows are made batch by batch: nothing here grows with n
-    bs = pad_to or min(self.batch_size, total)
-    done = 0
+    bs, done = pad_to or min(self.batch_size, total), 0
     for b in range(0, total, bs):
         r = np.arange(b, min(b + bs, total))
         p, i = r // per, (r % per if idx is None else idx[r % per])
         for t, toks in self._batch(ids[p], row_keys(st["seed"], i), bs, st, prefix, keep, every, negative_ids):
             if t < self.image_len:
                 yield Step(p, i, to_uint8(self.decode_partial(toks)), toks, t, self.image_len, done, total)
-        images, scores = self.decode(toks), None
-        if st["rerank"]:
-            scores = np.zeros(len(p), np.float32)
-            for j in np.unique(p): scores[p == j] = self.score(images[p == j], clip_ids[j])
+        images = self.decode(toks)
+        scores = self._scores(images, p, clip_ids) if st["rerank"] else None
         done += len(p)
         yield Step(p, i, to_uint8(images), toks, t, self.image_len, done, total, scores)
 
@@ -324,8 +329,7 @@ class Result:
         from dalle_nb import __version__
         score = None if self.scores is None else round(float(self.scores[rank]), 5)
         return dict(prompt=self.prompt, seed=self.settings.get("seed"), index=int(self.indices[rank]), rank=rank,
-                    clip_score=score,
-                    settings=self.settings, model=self.model, version=__version__,
+                    clip_score=score, settings=self.settings, model=self.model, version=__version__,
                     tokens=[int(t) for t in self.tokens[rank]])
 
     def save(self, out_dir) -> list[Path]:
@@ -454,22 +458,6 @@ class ImageFolder:
         # files: candidate → (rank, path)
         self.dir, self.files, self.grid_path, self.key = Path(out_dir), {}, None, None
 
-    def _adopt(self, r: Result):
-        ("Once, at the first sync: take over the files an earlier run of this very request left (the same images); "
-         "clear dead writers' temporaries.")
-        self.key = json.dumps(dict(prompt=r.prompt, settings=r.settings, model=r.model), sort_keys=True)
-        remove_stale_temps(self.dir)
-        for p in sorted(self.dir.glob(f"{slug(r.prompt)}_seed*.png")):
-            try: rec = read_record(p)
-            except (ValueError, ImageFileError): continue                 # not ours to judge, nor to touch
-            key = json.dumps(dict(prompt=rec.get("prompt"), settings=rec.get("settings"), model=rec.get("model")),
-                             sort_keys=True)
-            if key == self.key and isinstance(rec.get("index"), int):
-                self.files.setdefault(rec["index"], (rec.get("rank"), p))
-        try:
-            self.grid_path = self.dir / "grid.png" if png_text(self.dir / "grid.png").get("dalle_nb_request") == self.key else None
-        except ImageFileError: pass
-
     def _save(self, image, name: str, text: dict, mine: Path | None) -> Path:
         ("Write `image` over `mine` (this run's file), else as `name` or, where another run's file has that name, "
          "`stem-2.png`, `-3` …")
@@ -478,62 +466,55 @@ class ImageFolder:
             try: return save_png(image, self.dir / (name if k == 1 else f"{name[:-4]}-{k}.png"), text, replace=False)
             except FileExistsError: pass
 
-    def sync(self, r: Result, grid: bool = True) -> list[Path]:
-        "Bring the folder up to `r`; returns the image paths, best first (then the grid's)."
-        if self.key is None: self._adopt(r)
-        ranks = {int(i): k for k, i in enumerate(r.indices)}
-        for i in set(self.files) - set(ranks): self.files.pop(i)[1].unlink(missing_ok=True)
-        for i, k in ranks.items():
-            if r.scores is None and i in self.files: continue               # unranked: a file on disk never changes
-            if self.files.get(i, (None,))[0] != k or r.scores is not None:   # new, moved, or its score/rank to update
-                rec = r.record(k)
-                text = {"prompt": r.prompt, "seed": rec["seed"], "index": i, "model": r.model,
-                        "Software": f"dalle_nb {rec['version']}",
-                        "dalle_nb": json.dumps(rec)}
-                self.files[i] = (k, self._save(r.images[k], image_name(r.prompt, rec["seed"], i), text,
-                                               self.files.get(i, (0, None))[1]))
-        paths = [self.files[i][1] for i in ranks]
-        return paths + [self._grid(r.grid())] if grid and paths else paths
+# %% ../nbs/10_pipeline.ipynb #ff3d20dd
+@patch
+def _adopt(self: ImageFolder, r: Result):
+    ("Once, at the first sync: take over the files an earlier run of this very request left (the same images); "
+     "clear dead writers' temporaries.")
+    self.key = json.dumps(dict(prompt=r.prompt, settings=r.settings, model=r.model), sort_keys=True)
+    remove_stale_temps(self.dir)
+    for p in sorted(self.dir.glob(f"{slug(r.prompt)}_seed*.png")):
+        try: rec = read_record(p)
+        except (ValueError, ImageFileError): continue                 # not ours to judge, nor to touch
+        key = json.dumps(dict(prompt=rec.get("prompt"), settings=rec.get("settings"), model=rec.get("model")),
+                         sort_keys=True)
+        if key == self.key and isinstance(rec.get("index"), int):
+            self.files.setdefault(rec["index"], (rec.get("rank"), p))
+    try: grid_key = png_text(self.dir / "grid.png").get("dalle_nb_request")
+    except ImageFileError: grid_key = None
+    self.grid_path = self.dir / "grid.png" if grid_key == self.key else None
 
-    def _grid(self, image) -> Path:
-        "Write the grid: `grid.png`, or `grid-2.png` … where another run's grid is."
-        self.grid_path = self._save(image, "grid.png", {"dalle_nb_request": self.key}, self.grid_path)
-        return self.grid_path
-
-    def regrid(self) -> Path | None:
-        "Rewrite the grid from the images on disk, best first (after a `sync` was interrupted); None if there are none."
-        paths = [p for _, p in sorted(self.files.values(), key=lambda rp: (rp[0] is None, rp[0] or 0))][:64]
-        return self._grid(image_grid(np.stack([load_image(p) for p in paths]))) if paths else None
-
-# %% ../nbs/10_pipeline.ipynb #0a2e3327
-_SAMPLING = ("n", "rerank", "cond_scale", "seed", "temperature", "top_k", "top_p", "plausibility")
+# %% ../nbs/10_pipeline.ipynb #257d8e3a
+@patch
+def sync(self: ImageFolder, r: Result, grid: bool = True) -> list[Path]:
+    "Bring the folder up to `r`; returns the image paths, best first (then the grid's)."
+    if self.key is None: self._adopt(r)
+    ranks = {int(i): k for k, i in enumerate(r.indices)}
+    for i in set(self.files) - set(ranks): self.files.pop(i)[1].unlink(missing_ok=True)
+    for i, k in ranks.items():
+        if r.scores is None and i in self.files: continue               # unranked: a file on disk never changes
+        if self.files.get(i, (None,))[0] != k or r.scores is not None:   # new, moved, or its score/rank to update
+            rec = r.record(k)
+            text = {"prompt": r.prompt, "seed": rec["seed"], "index": i, "model": r.model,
+                    "Software": f"dalle_nb {rec['version']}", "dalle_nb": json.dumps(rec)}
+            self.files[i] = (k, self._save(r.images[k], image_name(r.prompt, rec["seed"], i), text,
+                                           self.files.get(i, (0, None))[1]))
+    paths = [self.files[i][1] for i in ranks]
+    return paths + [self._grid(r.grid())] if grid and paths else paths
 
 @patch
-def regenerate(self: Pipeline, record: dict) -> tuple[Result, bool]:
-    ("Draw the image a `record` (`read_record`) describes again, in a batch of the shape it was drawn in: `(result, "
-     "same tokens?)`.")
-    s = record.get("settings", {}) if isinstance(record, dict) else None
-    if not isinstance(s, dict) or not isinstance(record.get("prompt"),
-                                                 str) or "n" not in s or not isinstance(record.get("index"), int):
-        raise ValueError("the generation record lacks its prompt (text), index (a whole number) or settings")
-    try: batch = check_setting("batch_size", 1 if s.get("batch") is None else s["batch"])
-    except SettingError as e: raise ValueError(f"its settings.batch {e.message}") from None
-    self.fits(batch)
-    image = s.get("image_prompt")
-    if image is not None and not isinstance(image, str):
-        raise ValueError("its settings.image_prompt is not a file name")
-    if image == "array":
-        raise ValueError("the image was completed from an image prompt given as an array, which the record does not "
-                         "hold")
-    if image is not None and not Path(image).is_file():
-        raise ValueError(f"the image prompt it completed, {image}, is not there any more")
-    kw = {k: s[k] for k in _SAMPLING if k in s}
-    r = self.many([record["prompt"]], **{**kw, "rerank": 0}, indices=[int(record["index"])], pad_to=batch,
-                  image_prompt=image, keep_rows=s.get("keep_rows") if image is not None else None,
-                  negative=s.get("negative"))[0]
-    r.settings = {**r.settings, "rerank": kw.get("rerank", 0), "batch": s.get("batch")}
-    return r, [int(t) for t in r.tokens[0]] == list(record.get("tokens", []))
+def _grid(self: ImageFolder, image) -> Path:
+    "Write the grid: `grid.png`, or `grid-2.png` … where another run's grid is."
+    self.grid_path = self._save(image, "grid.png", {"dalle_nb_request": self.key}, self.grid_path)
+    return self.grid_path
 
+@patch
+def regrid(self: ImageFolder) -> Path | None:
+    "Rewrite the grid from the images on disk, best first (after a `sync` was interrupted); None if there are none."
+    paths = [p for _, p in sorted(self.files.values(), key=lambda rp: (rp[0] is None, rp[0] or 0))][:64]
+    return self._grid(image_grid(np.stack([load_image(p) for p in paths]))) if paths else None
+
+# %% ../nbs/10_pipeline.ipynb #0a2e3327
 @patch
 def memory_estimate(self: Pipeline, n: int, rerank: int, prompts: int = 1, batch: int | None = None) -> dict:
     ("Rough bytes generation needs: the weights, one batch's decode state and decoded images (×8 for the decoder's "
@@ -577,6 +558,7 @@ def batch_for(self: Pipeline, n: int, rerank: int, prompts: int = 1, limit: floa
                                f"and {limit / 2**20:,.0f} MiB are allowed")
         bs = max(1, bs // 2)
 
+# %% ../nbs/10_pipeline.ipynb #d4520971
 @patch
 def fits(self: Pipeline, batch: int, n: int = 1, rerank: int = 0, prompts: int = 1):
     ("`SettingError` (naming `batch`) unless a batch of `batch` rows fits the free memory beside the weights — before "
@@ -587,6 +569,41 @@ def fits(self: Pipeline, batch: int, n: int = 1, rerank: int = 0, prompts: int =
         raise SettingError("batch",
                            f"of {batch:,} row(s) needs about {need / 2**20:,.0f} MiB and {free / 2**20:,.0f} MiB are "
                            "free")
+
+# %% ../nbs/10_pipeline.ipynb #67e10741
+_SAMPLING = ("n", "rerank", "cond_scale", "seed", "temperature", "top_k", "top_p", "plausibility")
+
+def _record_settings(record) -> tuple[dict, int, str | None]:
+    "A generation record's settings, the batch it was drawn in and its image prompt's file; `ValueError` if unusable."
+    s = record.get("settings", {}) if isinstance(record, dict) else None
+    if not (isinstance(s, dict) and isinstance(record.get("prompt"), str) and "n" in s
+            and isinstance(record.get("index"), int)):
+        raise ValueError("the generation record lacks its prompt (text), index (a whole number) or settings")
+    try: batch = check_setting("batch_size", 1 if s.get("batch") is None else s["batch"])
+    except SettingError as e: raise ValueError(f"its settings.batch {e.message}") from None
+    image = s.get("image_prompt")
+    if image is not None and not isinstance(image, str):
+        raise ValueError("its settings.image_prompt is not a file name")
+    if image == "array":
+        raise ValueError("the image was completed from an image prompt given as an array, which the record does not "
+                         "hold")
+    if image is not None and not Path(image).is_file():
+        raise ValueError(f"the image prompt it completed, {image}, is not there any more")
+    return s, batch, image
+
+# %% ../nbs/10_pipeline.ipynb #11889c77
+@patch
+def regenerate(self: Pipeline, record: dict) -> tuple[Result, bool]:
+    ("Draw the image a `record` (`read_record`) describes again, in a batch of the shape it was drawn in: `(result, "
+     "same tokens?)`.")
+    s, batch, image = _record_settings(record)
+    self.fits(batch)
+    kw = {k: s[k] for k in _SAMPLING if k in s}
+    r = self.many([record["prompt"]], **{**kw, "rerank": 0}, indices=[int(record["index"])], pad_to=batch,
+                  image_prompt=image, keep_rows=s.get("keep_rows") if image is not None else None,
+                  negative=s.get("negative"))[0]
+    r.settings = {**r.settings, "rerank": kw.get("rerank", 0), "batch": s.get("batch")}
+    return r, [int(t) for t in r.tokens[0]] == list(record.get("tokens", []))
 
 # %% ../nbs/10_pipeline.ipynb #fc4239cf
 def show_completions(pipe: Pipeline, image, completions: dict, keep_rows: int, title: str = ""):
