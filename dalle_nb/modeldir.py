@@ -25,8 +25,8 @@ from .dalle import DalleTransformer
 
 # %% auto #0
 __all__ = ['MODEL_FILES', 'MANIFEST', 'required_files', 'ModelDirError', 'default_model_dir', 'paper_model_dir', 'Models',
-           'save_models', 'check_config_dict', 'load_models', 'write_manifest', 'check_manifest', 'check_finite',
-           'verify_model_dir', 'micro_config', 'micro_models']
+           'save_models', 'write_manifest', 'check_manifest', 'check_finite', 'verify_model_dir', 'load_models',
+           'micro_config', 'micro_models']
 
 # %% ../nbs/09_modeldir.ipynb #ec3bac07
 # what a DALL·E Mega-style directory needs
@@ -90,7 +90,7 @@ def save_models(path, models: Models, card: str = "", dtype: str | None = "float
     write_manifest(path)
     return path
 
-# %% ../nbs/09_modeldir.ipynb #41ad157e
+# %% ../nbs/09_modeldir.ipynb #8e332233
 _MODEL_SECTIONS, _DTYPES = ("vqgan", "bart", "clip", "dvae", "dalle"), ("float32", "float16", "bfloat16")
 _MAX_LAYERS, _MAX_INT, _MAX_LIST = 1024, 2**20, 64
 
@@ -99,6 +99,7 @@ def _short(v, n: int = 40) -> str:
     r = repr(v)
     return r if len(r) <= n else r[:n] + "…"
 
+# %% ../nbs/09_modeldir.ipynb #9bdacd71
 def _field_problem(name: str, value, default) -> str | None:
     ("What is wrong with config field `name` holding `value`, judged by its default's type and the size limits (None: "
      "nothing).")
@@ -121,19 +122,6 @@ def _field_problem(name: str, value, default) -> str | None:
         return (f"is {value:,}, beyond any model this package builds (at most {top:,}); the file is damaged or not a "
                 "model's config")
     return None
-
-def check_config_dict(d, where: str = "config.json", default=None, prefix: str = ""):
-    ("Refuse (`ModelDirError`, one line naming the field) a raw config dict whose fields have the wrong type, are not "
-     "finite or absurdly large.")
-    default = RunConfig() if default is None else default
-    if not isinstance(d, dict):
-        raise ModelDirError(f"{where}: {prefix.rstrip('.') or 'the config'} must be a JSON object, got {_short(d)}")
-    for k, v in d.items():
-        if not hasattr(default, k): continue                     # unknown fields: `from_dict` names them
-        dv = getattr(default, k)
-        if is_dataclass(dv): check_config_dict(v, where, dv, f"{prefix}{k}.")
-        elif (p := _field_problem(f"{prefix}{k}", v, dv)): raise ModelDirError(f"{where}: {prefix}{k} {p}")
-    return d
 
 # %% ../nbs/09_modeldir.ipynb #4c06de96
 def _read_config(path: Path, unrolled: bool = False) -> RunConfig:
@@ -163,34 +151,6 @@ def _load_weights(path: Path, cfg: RunConfig, serve: bool = False, quantize: str
     return {n: load_params(build(cls, getattr(cfg, n)), path / f"{n}.msgpack", **how(n))
             if (path / f"{n}.msgpack").exists() else None
             for n, cls in _CLASSES.items()}
-
-def load_models(path=None, unrolled: bool = False, serve: bool = False, quantize: str | None = None) -> Models:
-    "Load a model directory (default: the shipped shapes model); one clear `ModelDirError` for anything wrong.\n\n"
-    ("`unrolled`: the BART's layers as a list, whatever the directory stores (faster token steps: what `Pipeline` "
-     "loads).\n\n")
-    ("`serve`: the transformer's `Linear` layers read straight into their serving form, weights as `quantize` says "
-     "(`Linear.serve`).\n\n")
-    ("The files are checked against `manifest.json` and the tensors for NaN/inf, once per change of the files "
-     "(`verify_model_dir`).")
-    path = Path(path) if path is not None else default_model_dir()
-    cfg = _read_config(path, unrolled)
-    remembered = _remembered(path)
-    try:
-        files = None if remembered else check_manifest(path)           # before reading: a damaged file is named as such
-        text = TextEncoder.load(path / "tokenizer.json", max_len=cfg.text_len, normalizer=cfg.bart.text_normalizer)
-        clip_text = (TextEncoder.load(path / "clip_tokenizer.json", max_len=cfg.clip.text_len, normalizer="none")
-                     if (path / "clip_tokenizer.json").exists() else None)
-        if text.vocab_size > cfg.text_vocab:
-            raise ModelDirError(f"{path / 'tokenizer.json'}: {text.vocab_size} tokens but the "
-                                f"{'BART' if cfg.arch == 'bart' else 'DALL·E transformer'} reads only {cfg.text_vocab}")
-        loaded = _load_weights(path, cfg, serve, quantize)
-        if not remembered: check_finite(loaded, path); _remember(path, files)
-    except (ValueError, FileNotFoundError, OSError) as e:
-        if isinstance(e, ModelDirError): raise
-        raise ModelDirError(f"model directory {path}: {e}") from None
-    card = (path / "MODEL_CARD.md").read_text() if (path / "MODEL_CARD.md").exists() else ""
-    return Models(cfg, text, loaded["vqgan"], loaded["bart"], loaded["clip"], path, card, clip_text, loaded["dvae"],
-                  loaded["dalle"])
 
 # %% ../nbs/09_modeldir.ipynb #19c2ef16
 def _materialise(abstract):
@@ -261,16 +221,17 @@ def check_finite(models: dict, path) -> None:
             a = np.asarray(x)
             if np.issubdtype(a.dtype, np.floating) or a.dtype.name == "bfloat16":
                 if not np.isfinite(a).all():
-                    where = "/".join(str(k.key if hasattr(k, "key") else k.idx) for k in keys if hasattr(k, "key")
-                                     or hasattr(k, "idx"))
+                    where = "/".join(str(k.key if hasattr(k, "key") else k.idx) for k in keys
+                                     if hasattr(k, "key") or hasattr(k, "idx"))
                     raise ModelDirError(f"model directory {path}: {name}.msgpack holds non-finite values (NaN or inf) "
-                                        "in "
-                                        f"{where}; the weights are damaged")
+                                        f"in {where}; the weights are damaged")
 
+# %% ../nbs/09_modeldir.ipynb #6efa4aeb
 def _remembered(path: Path) -> bool:
     "Whether the cache holds `path` as verified with every file in its manifest still of the same size and time."
     try:
-        return json.loads(_cache_file().read_text()).get(str(path.resolve())) == _stamp(path, json.loads((path / MANIFEST).read_text())["files"])
+        seen = json.loads(_cache_file().read_text()).get(str(path.resolve()))
+        return seen == _stamp(path, json.loads((path / MANIFEST).read_text())["files"])
     except (OSError, ValueError, KeyError, TypeError, AttributeError): return False
 
 def _remember(path: Path, files) -> None:
@@ -281,8 +242,8 @@ def _remember(path: Path, files) -> None:
     except (OSError, ValueError): seen = {}
     seen = {k: v for k, v in seen.items() if isinstance(seen, dict) and Path(k).is_dir()}
     try:
-        cache.parent.mkdir(parents=True, exist_ok=True); _write_json(cache,
-                                                                     {**seen, str(path.resolve()): _stamp(path, files)})
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        _write_json(cache, {**seen, str(path.resolve()): _stamp(path, files)})
     except OSError: pass                                                  # a read-only cache: verified again next time
 
 def verify_model_dir(path, models: dict | None = None, full: bool = False) -> str:
@@ -294,6 +255,35 @@ def verify_model_dir(path, models: dict | None = None, full: bool = False) -> st
     check_finite(models or {}, path)
     _remember(path, files)
     return "no manifest" if files is None else "verified"
+
+# %% ../nbs/09_modeldir.ipynb #869ca900
+def load_models(path=None, unrolled: bool = False, serve: bool = False, quantize: str | None = None) -> Models:
+    "Load a model directory (default: the shipped shapes model); one clear `ModelDirError` for anything wrong.\n\n"
+    ("`unrolled`: the BART's layers as a list, whatever the directory stores (faster token steps: what `Pipeline` "
+     "loads).\n\n")
+    ("`serve`: the transformer's `Linear` layers read straight into their serving form, weights as `quantize` says "
+     "(`Linear.serve`).\n\n")
+    ("The files are checked against `manifest.json` and the tensors for NaN/inf, once per change of the files "
+     "(`verify_model_dir`).")
+    path = Path(path) if path is not None else default_model_dir()
+    cfg = _read_config(path, unrolled)
+    remembered = _remembered(path)
+    try:
+        files = None if remembered else check_manifest(path)           # before reading: a damaged file is named as such
+        text = TextEncoder.load(path / "tokenizer.json", max_len=cfg.text_len, normalizer=cfg.bart.text_normalizer)
+        clip_text = (TextEncoder.load(path / "clip_tokenizer.json", max_len=cfg.clip.text_len, normalizer="none")
+                     if (path / "clip_tokenizer.json").exists() else None)
+        if text.vocab_size > cfg.text_vocab:
+            raise ModelDirError(f"{path / 'tokenizer.json'}: {text.vocab_size} tokens but the "
+                                f"{'BART' if cfg.arch == 'bart' else 'DALL·E transformer'} reads only {cfg.text_vocab}")
+        loaded = _load_weights(path, cfg, serve, quantize)
+        if not remembered: check_finite(loaded, path); _remember(path, files)
+    except (ValueError, FileNotFoundError, OSError) as e:
+        if isinstance(e, ModelDirError): raise
+        raise ModelDirError(f"model directory {path}: {e}") from None
+    card = (path / "MODEL_CARD.md").read_text() if (path / "MODEL_CARD.md").exists() else ""
+    return Models(cfg, text, loaded["vqgan"], loaded["bart"], loaded["clip"], path, card, clip_text, loaded["dvae"],
+                  loaded["dalle"])
 
 # %% ../nbs/09_modeldir.ipynb #15c99096
 def micro_config() -> tuple[RunConfig, TextEncoder]:
