@@ -42,6 +42,7 @@ class Published:
         "`{'bart'|'vqgan'|'clip': Repo}` (no CLIP: no reranking)."
         return {k: r for k, r in (("bart", self.bart), ("vqgan", self.vqgan), ("clip", self.clip)) if r}
 
+# %% ../nbs/09c_hub.ipynb #73558a39
 _BART_FILES = ("config.json", "flax_model.msgpack", "vocab.json", "merges.txt")
 VQGAN_F16 = Repo("dalle-mini/vqgan_imagenet_f16_16384", "e93a26e7707683d349bf5d5c41c5b0ef69b677a9",
                  ("config.json", "flax_model.msgpack"))
@@ -142,7 +143,8 @@ def _fetch(name: str, repo: Repo, entry, offline: bool) -> Path:
             except (OSError, LocalEntryNotFoundError) as e:
                 if isinstance(e, HubError): raise
                 raise HubError(f"model {name!r}: downloading {repo.repo_id}/{f} failed "
-                               f"({type(e).__name__}: {str(e)[:120]}); run again (the files already complete are kept)") from None
+                               f"({type(e).__name__}: {str(e)[:120]}); "
+                               "run again (the files already complete are kept)") from None
     raise HubError(f"model {name!r}: {what} is not in the repository at {repo.revision[:12]}")
 
 def download(name: str) -> dict:
@@ -167,6 +169,7 @@ def _sweep(final: Path):
         except ProcessLookupError: shutil.rmtree(d, ignore_errors=True)
         except (ValueError, IndexError, PermissionError): pass
 
+# %% ../nbs/09c_hub.ipynb #17449444
 def convert_published(name: str, folders: dict) -> Path:
     "Convert the downloaded `folders` of `name` into its model directory (temporary name, renamed when complete)."
     p = published(name)
@@ -181,7 +184,8 @@ def convert_published(name: str, folders: dict) -> Path:
             if not final.is_dir(): raise                        # else another process finished first: use its directory
     except ConvertError as e: raise HubError(f"model {name!r}: the downloaded files do not convert: {e}") from None
     except OSError as e:
-        raise HubError(f"model {name!r}: cannot write the converted model in {final.parent} ({e.strerror or e})") from None
+        raise HubError(f"model {name!r}: cannot write the converted model in {final.parent} "
+                       f"({e.strerror or e})") from None
     finally: shutil.rmtree(tmp, ignore_errors=True)
     return final
 

@@ -25,8 +25,8 @@ from .dalle import DalleTransformer
 
 # %% auto #0
 __all__ = ['MODEL_FILES', 'MANIFEST', 'required_files', 'ModelDirError', 'default_model_dir', 'paper_model_dir', 'Models',
-           'save_models', 'write_manifest', 'check_manifest', 'check_finite', 'verify_model_dir', 'load_models',
-           'micro_config', 'micro_models']
+           'save_models', 'check_config_dict', 'write_manifest', 'check_manifest', 'check_finite', 'verify_model_dir',
+           'load_models', 'micro_config', 'micro_models']
 
 # %% ../nbs/09_modeldir.ipynb #ec3bac07
 # what a DALL·E Mega-style directory needs
@@ -122,6 +122,20 @@ def _field_problem(name: str, value, default) -> str | None:
         return (f"is {value:,}, beyond any model this package builds (at most {top:,}); the file is damaged or not a "
                 "model's config")
     return None
+
+# %% ../nbs/09_modeldir.ipynb #41ad157e
+def check_config_dict(d, where: str = "config.json", default=None, prefix: str = ""):
+    ("Refuse (`ModelDirError`, one line naming the field) a raw config dict whose fields have the wrong type, are not "
+     "finite or absurdly large.")
+    default = RunConfig() if default is None else default
+    if not isinstance(d, dict):
+        raise ModelDirError(f"{where}: {prefix.rstrip('.') or 'the config'} must be a JSON object, got {_short(d)}")
+    for k, v in d.items():
+        if not hasattr(default, k): continue                     # unknown fields: `from_dict` names them
+        dv = getattr(default, k)
+        if is_dataclass(dv): check_config_dict(v, where, dv, f"{prefix}{k}.")
+        elif (p := _field_problem(f"{prefix}{k}", v, dv)): raise ModelDirError(f"{where}: {prefix}{k} {p}")
+    return d
 
 # %% ../nbs/09_modeldir.ipynb #4c06de96
 def _read_config(path: Path, unrolled: bool = False) -> RunConfig:
