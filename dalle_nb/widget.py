@@ -31,13 +31,11 @@ def _uploaded(upload):
     except (UnidentifiedImageError, OSError):
         raise ValueError(f"image_prompt cannot be read: {item.get('name', 'the upload')} is not an image") from None
 
-# %% ../nbs/10a_widget.ipynb #86d2f6d6
-def panel(pipe):
-    ("An ipywidgets panel for the `Pipeline` `pipe`: prompt, sliders, Generate / Stop, progress, a grid that fills as "
-     "tokens are drawn.")
-    import threading, ipywidgets as W
+# %% ../nbs/10a_widget.ipynb #0c75f55e
+def _settings(ui, pipe):
+    "The panel's inputs, at `pipe`'s sampling defaults: prompt, negative prompt, sliders, seed, the image prompt's."
+    import ipywidgets as W
     S = pipe.cfg.sample
-    ui = W.VBox()
     ui.prompt = W.Text(value="a large red circle", description="prompt", layout=W.Layout(width="480px"))
     ui.negative = W.Text(value="", description="negative", placeholder="what not to draw (optional)",
                          layout=W.Layout(width="480px"))
@@ -53,21 +51,15 @@ def panel(pipe):
     ui.upload = W.FileUpload(accept="image/*", multiple=False, description="image prompt")
     ui.keep_rows = W.IntSlider(value=pipe.grid // 2, min=0, max=pipe.grid, description="keep rows")
     ui.clear = W.Button(description="no image prompt")
+
+def _outputs(ui, pipe):
+    "The panel's buttons, progress bar, status line and grid, and the state a run keeps (`pipe`, image prompt, result)."
+    import threading, ipywidgets as W
     ui.generate, ui.stop = W.Button(description="Generate", button_style="primary"), W.Button(description="Stop",
                                                                                               disabled=True)
     ui.progress, ui.status = W.IntProgress(value=0, min=0, max=1, description="tokens"), W.Label()
     ui.grid = W.GridBox(layout=W.Layout(grid_template_columns="repeat(4, 136px)", grid_gap="4px"))
-    for w, c in ((ui.prompt, "prompt"), (ui.negative, "negative"),
-                 (ui.generate, "generate"), (ui.stop, "stop"), (ui.upload, "upload"), (ui.progress, "progress"),
-                 (ui.status, "status"), (ui.grid, "grid")): w.add_class(f"dalle-{c}")
-    ui.children = [ui.prompt, ui.negative, W.HBox([ui.scale, ui.top_k]), W.HBox([ui.temperature, ui.plausibility]),
-                   W.HBox([ui.n, ui.keep]),
-                   W.HBox([ui.seed, ui.every]), W.HBox([ui.upload, ui.keep_rows, ui.clear]),
-                   W.HBox([ui.generate, ui.stop, ui.progress]),
-                   ui.status, ui.grid]
     ui.pipe, ui.image, ui.result, ui.thread, ui.stopping = pipe, None, None, None, threading.Event()
-    _wire(ui)
-    return ui
 
 # %% ../nbs/10a_widget.ipynb #a9ad304b
 def _show(ui, images, captions):
@@ -133,6 +125,7 @@ def _forget(ui, _=None):
     ui.upload.value = () if isinstance(ui.upload.value, tuple) else ui.upload.value.__class__()
     ui.image = None
 
+# %% ../nbs/10a_widget.ipynb #b313ea73
 def _legible(ui, label: str = "140px"):
     "Every control's name shown whole and aligned: a `label`-wide name column (ipywidgets' default cuts names short)."
     import ipywidgets as W
@@ -153,3 +146,19 @@ def _wire(ui):
     ui.run, ui.forget = partial(_run, ui), partial(_forget, ui)
     ui.set_image_prompt = lambda image: setattr(ui, "image", image)          # from code, instead of uploading
     ui.generate.on_click(ui.run); ui.stop.on_click(lambda _: ui.stopping.set()); ui.clear.on_click(ui.forget)
+
+# %% ../nbs/10a_widget.ipynb #86d2f6d6
+def panel(pipe):
+    ("An ipywidgets panel for the `Pipeline` `pipe`: prompt, sliders, Generate / Stop, progress, a grid that fills as "
+     "tokens are drawn.")
+    import ipywidgets as W
+    ui = W.VBox()
+    _settings(ui, pipe); _outputs(ui, pipe)
+    for w, c in ((ui.prompt, "prompt"), (ui.negative, "negative"),
+                 (ui.generate, "generate"), (ui.stop, "stop"), (ui.upload, "upload"), (ui.progress, "progress"),
+                 (ui.status, "status"), (ui.grid, "grid")): w.add_class(f"dalle-{c}")
+    ui.children = [ui.prompt, ui.negative, W.HBox([ui.scale, ui.top_k]), W.HBox([ui.temperature, ui.plausibility]),
+                   W.HBox([ui.n, ui.keep]), W.HBox([ui.seed, ui.every]), W.HBox([ui.upload, ui.keep_rows, ui.clear]),
+                   W.HBox([ui.generate, ui.stop, ui.progress]), ui.status, ui.grid]
+    _wire(ui)
+    return ui
