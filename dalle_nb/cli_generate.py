@@ -284,6 +284,18 @@ def _add_sampling(g):
     g.add_argument("--plausibility", type=float, default=None, help="keep only ids the conditional model gives >= this "
                    f"fraction of its top probability (0 = off; {ours(s.plausibility)})")
 
+# %% ../nbs/11b_cli_generate.ipynb #38c18c3a
+def _add_resources(g):
+    "`generate`'s flags for the precision of the weights and the decode cache, and the memory it may use."
+    g.add_argument("--quantize", choices=("bfloat16", "int8"), default=None,
+                   help="the transformer's weights in bfloat16 or int8 (int8: ~2× faster token steps on a CPU, ¼ the "
+                        "memory; BENCHMARKS.md has the error; default: float32)")
+    g.add_argument("--cache", choices=("float32", "bfloat16", "int8"), default=None,
+                   help="the decode cache of keys/values (default: float32 on a CPU, bfloat16 on accelerators; "
+                        "BENCHMARKS.md has the error)")
+    g.add_argument("--max-memory", type=float, default=None, metavar="GB", help="memory this process may use (GiB): "
+                   "batches are split to fit, or the request is refused (default: what is free)")
+
 # %% ../nbs/11b_cli_generate.ipynb #de5c73c7
 def _add_generate(sub):
     "`dalle-nb generate`'s flags (the sampling defaults it names are the shipped model's: the `shapes` preset's)."
@@ -307,13 +319,6 @@ def _add_generate(sub):
                    help="token rows of --image-prompt to keep (default: half the grid)")
     g.add_argument("--progressive", type=int, default=None, metavar="K", help="every K tokens, write the partly drawn "
                    "batch to OUT/progress/frame_NNNN.png; OUT/progress.gif at the end (default: off)")
-    g.add_argument("--quantize", choices=("bfloat16", "int8"), default=None,
-                   help="the transformer's weights in bfloat16 or int8 (int8: ~2× faster token steps on a CPU, ¼ the "
-                        "memory; BENCHMARKS.md has the error; default: float32)")
-    g.add_argument("--cache", choices=("float32", "bfloat16", "int8"), default=None,
-                   help="the decode cache of keys/values (default: float32 on a CPU, bfloat16 on accelerators; "
-                        "BENCHMARKS.md has the error)")
-    g.add_argument("--max-memory", type=float, default=None, metavar="GB", help="memory this process may use (GiB): "
-                   "batches are split to fit, or the request is refused (default: what is free)")
+    _add_resources(g)
     g.add_argument("--quiet", action="store_true", help="no progress bar")
     g.set_defaults(func=cmd_generate)
