@@ -1,4 +1,4 @@
-"""`dalle-nb generate`, `train`, `info`, `encode`, `convert` and `pod`: the same pipeline, training and pod code the notebooks use, from a shell (`generate` is [11b_cli_generate](11b_cli_generate.ipynb), the `pod` commands' parser [11a_cli_pod](11a_cli_pod.ipynb)).
+"""`dalle-nb generate`, `train`, `info`, `encode`, `convert` and `pod`: the same pipeline, training and pod code the notebooks use, from a shell (`generate`, with the one-line errors every command reports, is [11b_cli_generate](11b_cli_generate.ipynb); the `pod` commands' parser is [11a_cli_pod](11a_cli_pod.ipynb)).
 
 Docs: https://dalle-nb.github.io/dalle_nb/cli.html.md"""
 
@@ -6,27 +6,16 @@ Docs: https://dalle-nb.github.io/dalle_nb/cli.html.md"""
 
 # %% ../nbs/11_cli.ipynb #32ad28c1
 from __future__ import annotations
-import argparse, glob, os, re, sys, time
+import argparse, glob, os, sys, time
 from pathlib import Path
+from .cli_generate import UsageError, RunFailure, _say_vocabulary, _add_generate   # (11b_cli_generate)
 from .cli_pod import add_pod_commands, add_gpu_commands   # `dalle-nb pod …`, `dalle-nb gpu …` (11a_cli_pod)
 
 # %% auto #0
-__all__ = ['UsageError', 'RunFailure', 'accelerator_here', 'skip_tpu_probe', 'cmd_train', 'doctor', 'shapes_vocabulary',
-           'unseen_words', 'unseen_notes', 'cmd_info', 'cmd_encode', 'cmd_convert', 'cmd_models', 'cmd_download',
-           'build_parser', 'main']
+__all__ = ['accelerator_here', 'skip_tpu_probe', 'cmd_train', 'doctor', 'cmd_info', 'cmd_encode', 'cmd_convert', 'cmd_models',
+           'cmd_download', 'build_parser', 'main']
 
 # %% ../nbs/11_cli.ipynb #66f096ee
-class UsageError(Exception):
-    "A mistake in how the command was called (reported in one line, exit status 2)."
-
-class RunFailure(Exception):
-    "A run that started and could not finish — a full disk, a failed checkpoint (reported in one line, exit status 1)."
-
-def _q(text: str, most: int = 80) -> str:
-    "`repr(text)`, its middle cut out past `most` characters: a 100,000-character prompt is named, not echoed."
-    r = repr(text)
-    return r if len(r) <= most else f"{r[:most - 20]}…{r[-15:]} ({len(text):,} characters)"
-
 def _enable_compile_cache():
     ("Keep compiled programs between runs (~/.cache/dalle_nb/jax, or under $DALLE_NB_CACHE), so a second `generate` "
      "starts fast; DALLE_NB_COMPILE_CACHE=0 turns it off.")
@@ -169,33 +158,6 @@ def doctor(devices, gpus: list[str], tpu: list[str], cache_dir, host_memory: int
             lines.append(f"warning: a TPU is attached ({tpu[0]}) but JAX sees only the CPU{why}; install libtpu: "
                          f"{_INSTALL['tpu']}")
     return lines
-
-# %% ../nbs/11_cli.ipynb #97ac6e4c
-def shapes_vocabulary() -> dict:
-    "The words of the shapes dataset's captions by kind (from `dalle_nb.shapes`): what a model trained on them knows."
-    from dalle_nb import shapes
-    return {"colours": list(shapes.PALETTE), "shapes": list(shapes.SHAPES), "sizes": list(shapes.SIZES),
-            "relations": list(shapes.RELATIONS)}
-
-def _words(text: str) -> list[str]: return re.findall(r"[a-z0-9]+", text)
-
-def unseen_words(prompt: str, text) -> list[str]:
-    "Words of `prompt` no shapes caption has, for a model trained on them (`text`: its `TextEncoder`); [] for others."
-    from dalle_nb import shapes
-    if text.normalizer != "dalle_nb": return []                       # converted models: trained on real captions
-    templates = re.sub(r"\{\w+\}", " ", " ".join(shapes.ONE_TEMPLATES + shapes.TWO_TEMPLATES))
-    known = set(_words(templates + " " + " ".join(w for ws in shapes_vocabulary().values() for w in ws)))
-    return list(dict.fromkeys(w for w in _words(text.normalize(prompt)) if w not in known))
-
-def unseen_notes(prompts, text) -> list[str]:
-    "One warning per prompt that uses words the model never saw."
-    return [f"{p!r}: the model never saw {', '.join(ws)} (it knows shapes' words: dalle-nb info lists them)"
-            for p in prompts if (ws := unseen_words(p, text))]
-
-def _say_vocabulary(text):
-    "Print the words a shapes-trained model knows (nothing for other models)."
-    if text.normalizer != "dalle_nb": return
-    print("words it knows: " + "; ".join(f"{k}: {', '.join(v)}" for k, v in shapes_vocabulary().items()))
 
 # %% ../nbs/11_cli.ipynb #c1000ff6
 def cmd_info(a) -> int:
@@ -457,7 +419,6 @@ class _Parser(argparse.ArgumentParser):
 def build_parser() -> argparse.ArgumentParser:
     ("The `dalle-nb` argument parser: generate, train, info, encode, convert, pod, gpu; each option's help gives its "
      "default.")
-    from dalle_nb.cli_generate import _add_generate   # imports this module's errors: taken once both are loaded
     p = _Parser(prog="dalle-nb",
                 description="DALL·E Mega in JAX/Flax: generate images from text, train models.")
     sub = p.add_subparsers(dest="command", required=True)

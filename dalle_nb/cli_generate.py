@@ -6,12 +6,50 @@ Docs: https://dalle-nb.github.io/dalle_nb/cli_generate.html.md"""
 
 # %% ../nbs/11b_cli_generate.ipynb #766629d9
 from __future__ import annotations
-import contextlib, os, signal, sys, threading, time, warnings
+import contextlib, os, re, signal, sys, threading, time, warnings
 from pathlib import Path
-from .cli import UsageError, RunFailure, _q, unseen_notes
 
 # %% auto #0
-__all__ = ['cmd_generate']
+__all__ = ['UsageError', 'RunFailure', 'shapes_vocabulary', 'unseen_words', 'unseen_notes', 'cmd_generate']
+
+# %% ../nbs/11b_cli_generate.ipynb #42701a29
+class UsageError(Exception):
+    "A mistake in how the command was called (reported in one line, exit status 2)."
+
+class RunFailure(Exception):
+    "A run that started and could not finish — a full disk, a failed checkpoint (reported in one line, exit status 1)."
+
+def _q(text: str, most: int = 80) -> str:
+    "`repr(text)`, its middle cut out past `most` characters: a 100,000-character prompt is named, not echoed."
+    r = repr(text)
+    return r if len(r) <= most else f"{r[:most - 20]}…{r[-15:]} ({len(text):,} characters)"
+
+# %% ../nbs/11b_cli_generate.ipynb #488ec793
+def shapes_vocabulary() -> dict:
+    "The words of the shapes dataset's captions by kind (from `dalle_nb.shapes`): what a model trained on them knows."
+    from dalle_nb import shapes
+    return {"colours": list(shapes.PALETTE), "shapes": list(shapes.SHAPES), "sizes": list(shapes.SIZES),
+            "relations": list(shapes.RELATIONS)}
+
+def _words(text: str) -> list[str]: return re.findall(r"[a-z0-9]+", text)
+
+def unseen_words(prompt: str, text) -> list[str]:
+    "Words of `prompt` no shapes caption has, for a model trained on them (`text`: its `TextEncoder`); [] for others."
+    from dalle_nb import shapes
+    if text.normalizer != "dalle_nb": return []                       # converted models: trained on real captions
+    templates = re.sub(r"\{\w+\}", " ", " ".join(shapes.ONE_TEMPLATES + shapes.TWO_TEMPLATES))
+    known = set(_words(templates + " " + " ".join(w for ws in shapes_vocabulary().values() for w in ws)))
+    return list(dict.fromkeys(w for w in _words(text.normalize(prompt)) if w not in known))
+
+def unseen_notes(prompts, text) -> list[str]:
+    "One warning per prompt that uses words the model never saw."
+    return [f"{p!r}: the model never saw {', '.join(ws)} (it knows shapes' words: dalle-nb info lists them)"
+            for p in prompts if (ws := unseen_words(p, text))]
+
+def _say_vocabulary(text):
+    "Print the words a shapes-trained model knows (nothing for other models)."
+    if text.normalizer != "dalle_nb": return
+    print("words it knows: " + "; ".join(f"{k}: {', '.join(v)}" for k, v in shapes_vocabulary().items()))
 
 # %% ../nbs/11b_cli_generate.ipynb #d363954d
 _FLAGS = dict(every="--progressive", image_prompt="--image-prompt")   # settings whose flag is not `--` + the name
