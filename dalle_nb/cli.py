@@ -1,4 +1,4 @@
-"""`dalle-nb generate`, `train`, `info`, `encode`, `convert` and `pod`: the same pipeline, training and pod code the notebooks use, from a shell (the `pod` commands' parser is [11a_cli_pod](11a_cli_pod.ipynb)).
+"""`dalle-nb generate`, `train`, `info`, `encode`, `convert` and `pod`: the same pipeline, training and pod code the notebooks use, from a shell (`generate`, with the one-line errors every command reports, is [11b_cli_generate](11b_cli_generate.ipynb); the `pod` commands' parser is [11a_cli_pod](11a_cli_pod.ipynb)).
 
 Docs: https://dalle-nb.github.io/dalle_nb/cli.html.md"""
 
@@ -6,29 +6,19 @@ Docs: https://dalle-nb.github.io/dalle_nb/cli.html.md"""
 
 # %% ../nbs/11_cli.ipynb #32ad28c1
 from __future__ import annotations
-import argparse, contextlib, glob, os, re, signal, sys, threading, time, warnings
+import argparse, glob, os, sys, time
 from pathlib import Path
+from .cli_generate import UsageError, RunFailure, _say_vocabulary, _add_generate   # (11b_cli_generate)
 from .cli_pod import add_pod_commands, add_gpu_commands   # `dalle-nb pod …`, `dalle-nb gpu …` (11a_cli_pod)
 
 # %% auto #0
-__all__ = ['UsageError', 'RunFailure', 'accelerator_here', 'skip_tpu_probe', 'cmd_train', 'doctor', 'shapes_vocabulary',
-           'unseen_words', 'unseen_notes', 'cmd_info', 'cmd_encode', 'cmd_convert', 'cmd_models', 'cmd_download',
-           'cmd_generate', 'build_parser', 'main']
+__all__ = ['accelerator_here', 'skip_tpu_probe', 'cmd_train', 'doctor', 'cmd_info', 'cmd_encode', 'cmd_convert', 'cmd_models',
+           'cmd_download', 'build_parser', 'main']
 
 # %% ../nbs/11_cli.ipynb #66f096ee
-class UsageError(Exception):
-    "A mistake in how the command was called (reported in one line, exit status 2)."
-
-class RunFailure(Exception):
-    "A run that started and could not finish — a full disk, a failed checkpoint (reported in one line, exit status 1)."
-
-def _q(text: str, most: int = 80) -> str:
-    "`repr(text)`, its middle cut out past `most` characters: a 100,000-character prompt is named, not echoed."
-    r = repr(text)
-    return r if len(r) <= most else f"{r[:most - 20]}…{r[-15:]} ({len(text):,} characters)"
-
 def _enable_compile_cache():
-    "Keep compiled programs between runs (~/.cache/dalle_nb/jax, or under $DALLE_NB_CACHE), so a second `generate` starts fast; DALLE_NB_COMPILE_CACHE=0 turns it off."
+    ("Keep compiled programs between runs (~/.cache/dalle_nb/jax, or under $DALLE_NB_CACHE), so a second `generate` "
+     "starts fast; DALLE_NB_COMPILE_CACHE=0 turns it off.")
     if os.environ.get("DALLE_NB_COMPILE_CACHE", "1").strip().lower() in ("0", "off", "no", "false"): return
     import jax
     d = Path(os.environ.get("DALLE_NB_CACHE", Path.home() / ".cache" / "dalle_nb")) / "jax"
@@ -67,16 +57,20 @@ def _train_sets(a, stages) -> list[str]:
     sets = [f"arch={a.arch}"] if a.arch else []
     sets += [f"{s}_train.optimizer={a.optimizer}" for s in stages] if a.optimizer else []
     sets += [f"{s}_train.mesh={a.mesh}" for s in stages] if a.mesh else []
-    sets += [f"{s}_train.powersgd_rank={a.powersgd}" for s in ("bart", "dalle")] if a.powersgd is not None else []   # the transformer's
+    # the transformer's
+    sets += [f"{s}_train.powersgd_rank={a.powersgd}" for s in ("bart", "dalle")] if a.powersgd is not None else []
     sets += [f"{s}_train.loss_scale={a.loss_scale}" for s in ("bart", "dalle")] if a.loss_scale is not None else []
     sets += ["dalle_train.block_grad_scale=true"] if a.block_grad_scale else []
     return sets
 
 def _train_command(a) -> str:
     "The `dalle-nb train` command line a model card records."
-    return " ".join(["dalle-nb train", f"--preset {a.preset}", *([f"--arch {a.arch}"] if a.arch else []), f"--workdir {a.workdir}", *(f"--set {o}" for o in a.set or []),
-                     *([f"--optimizer {a.optimizer}"] if a.optimizer else []), *([f"--mesh {a.mesh}"] if a.mesh else []),
-                     *([f"--powersgd {a.powersgd}"] if a.powersgd is not None else []), *([f"--loss-scale {a.loss_scale}"] if a.loss_scale is not None else []),
+    return " ".join(["dalle-nb train", f"--preset {a.preset}", *([f"--arch {a.arch}"] if a.arch else []),
+                     f"--workdir {a.workdir}", *(f"--set {o}" for o in a.set or []),
+                     *([f"--optimizer {a.optimizer}"] if a.optimizer else []),
+                     *([f"--mesh {a.mesh}"] if a.mesh else []),
+                     *([f"--powersgd {a.powersgd}"] if a.powersgd is not None else []),
+                     *([f"--loss-scale {a.loss_scale}"] if a.loss_scale is not None else []),
                      *(["--block-grad-scale"] if a.block_grad_scale else []),
                      *([f"--stages {a.stages}"] if a.stages else []), *(f"--data {d}" for d in a.data or [])])
 
@@ -85,7 +79,8 @@ def cmd_train(a) -> int:
     "Train the stages of a preset (with `--set` overrides) into `--workdir`; the model directory is `workdir/model`."
     from dalle_nb.config import parse_mesh
     from dalle_nb.sharding import init_distributed, is_primary
-    if Path(a.workdir).exists() and not Path(a.workdir).is_dir(): raise UsageError(f"--workdir {a.workdir} is a file; name a directory")
+    if Path(a.workdir).exists() and not Path(a.workdir).is_dir():
+        raise UsageError(f"--workdir {a.workdir} is a file; name a directory")
     try:
         init_distributed(a.coordinator, a.num_processes, a.process_id)   # before anything touches a device
         if a.mesh is not None: parse_mesh(a.mesh)
@@ -95,14 +90,16 @@ def cmd_train(a) -> int:
     stages = tuple(a.stages.split(",")) if a.stages else STAGES
     bad = set(stages) - set(STAGES)
     if bad: raise UsageError(f"--stages: unknown stage(s) {sorted(bad)}; choose from {','.join(STAGES)}")
-    try: cfg = get_config(a.preset, _train_sets(a, stages) + list(a.set or []))          # an explicit --set wins over the flags
+    try: cfg = get_config(a.preset, _train_sets(a, stages) + list(a.set or []))  # an explicit --set wins over the flags
     except ValueError as e: raise UsageError(str(e)) from None
     if a.block_grad_scale and cfg.arch != "dalle":
-        raise UsageError("--block-grad-scale needs --arch dalle: it scales the DALL·E transformer's residual blocks (BART's have no hook)")
+        raise UsageError("--block-grad-scale needs --arch dalle: it scales the DALL·E transformer's residual blocks "
+                         "(BART's have no hook)")
     try: out = train_all(cfg, a.workdir, stages=stages, progress=not a.quiet, command=_train_command(a), data=a.data)
     except (TrainSetupError, ValueError) as e: raise UsageError(str(e)) from None
-    except OSError as e: raise RunFailure(f"training stopped: {e.strerror or e}{f' ({e.filename})' if e.filename else ''}; "
-                                          "the last complete checkpoint is kept: run the same command again to resume") from None
+    except OSError as e:
+        raise RunFailure(f"training stopped: {e.strerror or e}{f' ({e.filename})' if e.filename else ''}; "
+                         "the last complete checkpoint is kept: run the same command again to resume") from None
     if is_primary(): print(f"model directory: {Path(out).resolve()}")
     return 0
 
@@ -114,7 +111,9 @@ def _nvidia_gpus() -> list[str]:
     "GPU names `nvidia-smi` lists (empty without it, or when it fails)."
     import shutil, subprocess
     if shutil.which("nvidia-smi") is None: return []
-    try: out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True, timeout=10)
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
+                             text=True, timeout=10)
     except (OSError, subprocess.SubprocessError): return []
     return [l.strip() for l in out.stdout.splitlines() if l.strip()] if out.returncode == 0 else []
 
@@ -132,122 +131,133 @@ def _dir_size(d: Path) -> tuple[int, int]:
     files = [f for f in d.rglob("*") if f.is_file()] if d.is_dir() else []
     return sum(f.stat().st_size for f in files), len(files)
 
+# %% ../nbs/11_cli.ipynb #9169c2f8
 def doctor(devices, gpus: list[str], tpu: list[str], cache_dir, host_memory: int | None, platforms: str = "",
            plugin: str | None = None) -> list[str]:
-    "What `dalle-nb info` says of the machine: JAX's backend and devices, memory, the compilation cache; hardware JAX does not use."
+    ("What `dalle-nb info` says of the machine: JAX's backend and devices, memory, the compilation cache; hardware JAX "
+     "does not use.")
     gib = lambda b, what: "memory unknown" if b is None else f"{b / 2**30:.1f} GiB{what}"
-    mem = lambda d: gib((d.memory_stats() or {}).get("bytes_limit"), "") if d.platform != "cpu" else gib(host_memory, " free on the host")
+    mem = lambda d: gib((d.memory_stats() or {}).get("bytes_limit"),
+                        "") if d.platform != "cpu" else gib(host_memory, " free on the host")
     kinds = ", ".join(f"{d.platform}:{d.id} {getattr(d, 'device_kind', '')} ({mem(d)})" for d in devices)
     lines = [f"jax backend: {devices[0].platform}; {len(devices)} device(s): {kinds}"]
     size, n = _dir_size(Path(cache_dir)) if cache_dir else (0, 0)
     shown = str(cache_dir).replace(str(Path.home()), "~", 1)
-    lines.append(f"compilation cache: {shown} ({size / 2**20:.1f} MiB in {n} file(s))" if cache_dir else "compilation cache: off")
+    lines.append(f"compilation cache: {shown} ({size / 2**20:.1f} MiB in {n} file(s))" if cache_dir
+                 else "compilation cache: off")
     if devices[0].platform == "cpu":
         why = " (JAX_PLATFORMS is set to cpu)" if platforms.strip().lower() == "cpu" else ""
-        seen = f"warning: nvidia-smi sees {len(gpus)} GPU(s) ({gpus[0]}) but JAX sees only the CPU{why}; " if gpus else ""
+        seen = (f"warning: nvidia-smi sees {len(gpus)} GPU(s) ({gpus[0]}) but JAX sees only the CPU{why}; "
+                if gpus else "")
         if gpus and plugin and not why:
             lines.append(seen + f"JAX's CUDA plugin ({plugin}) is installed but did not start: "
-                         "`python -c \"import jax; jax.devices('gpu')\"` says why (a driver older than the plugin's CUDA, often)")
+                         "`python -c \"import jax; jax.devices('gpu')\"` says why (a driver older than the plugin's "
+                         "CUDA, often)")
         elif gpus: lines.append(seen + f"install JAX's CUDA plugin: {_INSTALL['gpu']}")
-        if tpu: lines.append(f"warning: a TPU is attached ({tpu[0]}) but JAX sees only the CPU{why}; install libtpu: {_INSTALL['tpu']}")
+        if tpu:
+            lines.append(f"warning: a TPU is attached ({tpu[0]}) but JAX sees only the CPU{why}; install libtpu: "
+                         f"{_INSTALL['tpu']}")
     return lines
-
-# %% ../nbs/11_cli.ipynb #97ac6e4c
-def shapes_vocabulary() -> dict:
-    "The words of the shapes dataset's captions by kind (from `dalle_nb.shapes`): what a model trained on them knows."
-    from dalle_nb import shapes
-    return {"colours": list(shapes.PALETTE), "shapes": list(shapes.SHAPES), "sizes": list(shapes.SIZES),
-            "relations": list(shapes.RELATIONS)}
-
-def _words(text: str) -> list[str]: return re.findall(r"[a-z0-9]+", text)
-
-def unseen_words(prompt: str, text) -> list[str]:
-    "Words of `prompt` no shapes caption has, for a model trained on them (`text`: its `TextEncoder`); [] for others."
-    from dalle_nb import shapes
-    if text.normalizer != "dalle_nb": return []                       # converted models: trained on real captions
-    templates = re.sub(r"\{\w+\}", " ", " ".join(shapes.ONE_TEMPLATES + shapes.TWO_TEMPLATES))
-    known = set(_words(templates + " " + " ".join(w for ws in shapes_vocabulary().values() for w in ws)))
-    return list(dict.fromkeys(w for w in _words(text.normalize(prompt)) if w not in known))
-
-def unseen_notes(prompts, text) -> list[str]:
-    "One warning per prompt that uses words the model never saw."
-    return [f"{p!r}: the model never saw {', '.join(ws)} (it knows shapes' words: dalle-nb info lists them)"
-            for p in prompts if (ws := unseen_words(p, text))]
-
-def _say_vocabulary(text):
-    "Print the words a shapes-trained model knows (nothing for other models)."
-    if text.normalizer != "dalle_nb": return
-    print("words it knows: " + "; ".join(f"{k}: {', '.join(v)}" for k, v in shapes_vocabulary().items()))
 
 # %% ../nbs/11_cli.ipynb #c1000ff6
 def cmd_info(a) -> int:
-    "The machine as JAX sees it (`doctor`), then a model directory (or a downloaded published set): config, parameter counts, model card."
-    import glob
+    ("The machine as JAX sees it (`doctor`), then a model directory (or a downloaded published set): config, parameter "
+     "counts, model card.")
+    import jax
     from dalle_nb.modeldir import load_models, ModelDirError
     from dalle_nb.hub import is_published, published, converted_dir
     from dalle_nb.pipeline import available_memory
-    import jax
-    from flax import nnx
-    for line in doctor(jax.devices(), _nvidia_gpus(), sorted(glob.glob("/dev/accel*")), jax.config.jax_compilation_cache_dir,
+    for line in doctor(jax.devices(), _nvidia_gpus(), sorted(glob.glob("/dev/accel*")),
+                       jax.config.jax_compilation_cache_dir,
                        available_memory(), os.environ.get("JAX_PLATFORMS", ""), _cuda_plugin()): print(line)
     model = converted_dir(published(a.model)) if is_published(a.model) else a.model
-    if is_published(a.model) and not model.is_dir(): raise UsageError(f"model {a.model!r} is not downloaded yet: dalle-nb download {a.model}")
+    if is_published(a.model) and not model.is_dir():
+        raise UsageError(f"model {a.model!r} is not downloaded yet: dalle-nb download {a.model}")
     try: m = load_models(model)
     except ModelDirError as e: raise UsageError(str(e)) from None
-    count = lambda mod: sum(x.size for x in jax.tree.leaves(nnx.state(mod, nnx.Param))) if mod is not None else 0
     print(f"model directory: {m.path}")
-    tok = m.cfg.tokenizer_cfg
-    print(f"preset {m.cfg.name}: {'VQGAN' if m.cfg.image_tokenizer == 'vqgan' else 'dVAE'} {tok.resolution}px → {tok.grid}×{tok.grid} tokens of {tok.n_codes} codes{' (outline + colour per patch)' if getattr(tok, 'factored', False) else ''}; "
-          f"transformer: {'BART (DALL·E Mega)' if m.cfg.arch == 'bart' else 'decoder-only sparse transformer (the DALL·E paper)'}")
-    print("parameters: " + "  ".join(f"{n} {count(getattr(m, n)):,}" for n in ("vqgan", "dvae", "bart", "dalle", "clip") if getattr(m, n) is not None))
+    _say_model(m)
     if getattr(a, "verify", False): _say_verified(m)
     _say_vocabulary(m.text)
     if m.card: print("\n" + m.card.strip())
     return 0
 
+# %% ../nbs/11_cli.ipynb #e06666be
+_MODELS = ("vqgan", "dvae", "bart", "dalle", "clip")
+
+def _say_model(m):
+    "Print what a directory's `Models` are: image tokenizer, transformer, parameters of each model present."
+    from dalle_nb.layers import count_params
+    tok = m.cfg.tokenizer_cfg
+    print(f"preset {m.cfg.name}: {'VQGAN' if m.cfg.image_tokenizer == 'vqgan' else 'dVAE'} {tok.resolution}px → "
+          f"{tok.grid}×{tok.grid} tokens of {tok.n_codes} "
+          f"codes{' (outline + colour per patch)' if getattr(tok, 'factored', False) else ''}; "
+          "transformer: "
+          f"{'BART (DALL·E Mega)' if m.cfg.arch == 'bart' else 'decoder-only sparse transformer (the DALL·E paper)'}")
+    print("parameters: " + "  ".join(f"{n} {count_params(getattr(m, n)):,}" for n in _MODELS
+                                     if getattr(m, n) is not None))
+
 def _say_verified(m):
     "`info --verify`: every file against `manifest.json` and every tensor for NaN/inf, whatever the cache remembers."
     from dalle_nb.modeldir import verify_model_dir, ModelDirError, MANIFEST
-    try: how = verify_model_dir(m.path, {n: getattr(m, n) for n in ("vqgan", "dvae", "bart", "dalle", "clip")}, full=True)
+    try: how = verify_model_dir(m.path, {n: getattr(m, n) for n in _MODELS}, full=True)
     except ModelDirError as e: raise UsageError(str(e)) from None
     print(f"verified: every file matches {MANIFEST}, every tensor is finite" if how == "verified" else
-          f"no {MANIFEST}: every tensor is finite, the files cannot be checked (write one: dalle_nb.modeldir.write_manifest)")
+          f"no {MANIFEST}: every tensor is finite, the files cannot be checked (write one: "
+          "dalle_nb.modeldir.write_manifest)")
 
-# %% ../nbs/11_cli.ipynb #1a891e0e
-def cmd_encode(a) -> int:
-    "Encode image–caption pairs (a folder, webdataset `.tar` shards or parquet) into VQGAN token shards in `--out`; a re-run resumes."
+# %% ../nbs/11_cli.ipynb #a0564933
+def _encode_command(a) -> str:
+    "The `dalle-nb encode` command line the shards' manifest records."
     import shlex
-    from dalle_nb.dataset import open_source, encode_to_shards, EncodeError
-    from dalle_nb.modeldir import load_models, ModelDirError
-    if a.batch_size < 1 or a.shard_size < 1: raise UsageError(f"--batch-size and --shard-size must be positive, got {a.batch_size} and {a.shard_size}")
-    command = shlex.join(["dalle-nb", "encode", *a.source, "--out", a.out, *(["--model", a.model] if a.model else []),
-                          "--batch-size", str(a.batch_size), "--shard-size", str(a.shard_size), *(["--clip-score"] if a.clip_score else []),
-                          "--image-column", a.image_column, "--caption-column", a.caption_column])
-    try:
-        src = open_source(a.source, a.image_column, a.caption_column)
-        man = encode_to_shards(src, a.out, load_models(a.model), batch_size=a.batch_size, shard_size=a.shard_size, clip_score=a.clip_score,
-                               workers=a.workers, progress=not a.quiet, command=command)
-    except (EncodeError, ModelDirError) as e: raise UsageError(str(e)) from None
-    except KeyboardInterrupt:
-        print(f"dalle-nb: interrupted: the shards finished so far are kept in {a.out}; the same command resumes", file=sys.stderr)
-        return 130
-    except OSError as e: raise RunFailure(f"cannot write into --out {a.out}: {e.strerror or e}; the finished shards are kept, "
-                                          "the same command resumes") from None
+    return shlex.join(["dalle-nb", "encode", *a.source, "--out", a.out, *(["--model", a.model] if a.model else []),
+                       "--batch-size", str(a.batch_size), "--shard-size", str(a.shard_size),
+                       *(["--clip-score"] if a.clip_score else []),
+                       "--image-column", a.image_column, "--caption-column", a.caption_column])
+
+def _say_encoded(man: dict, out):
+    "Print what an `encode` run did: shards encoded and done before, rows, records skipped and why, the manifest."
     for e in man.get("source_errors", []): print(f"dalle-nb: warning: {e}", file=sys.stderr)
     run, sk = man["runs"][-1], man["skipped"]
     why = f" ({', '.join(f'{v} {k}' for k, v in sorted(sk.items()))})" if sk else ""
-    print(f"encoded {run['shards_to_encode']} shard(s), {run['shards_done_before']} already done: {man['rows']} rows in "
-          f"{len(man['shards'])} shard(s), {sum(sk.values())} record(s) skipped{why}")
-    print(f"manifest: {(Path(a.out) / 'manifest.json').resolve()}")
+    print(f"encoded {run['shards_to_encode']} shard(s), {run['shards_done_before']} already done: {man['rows']} rows "
+          f"in {len(man['shards'])} shard(s), {sum(sk.values())} record(s) skipped{why}")
+    print(f"manifest: {(Path(out) / 'manifest.json').resolve()}")
+
+# %% ../nbs/11_cli.ipynb #1a891e0e
+def cmd_encode(a) -> int:
+    ("Encode image–caption pairs (a folder, webdataset `.tar` shards or parquet) into VQGAN token shards in `--out`; a "
+     "re-run resumes.")
+    from dalle_nb.dataset import open_source, encode_to_shards, EncodeError
+    from dalle_nb.modeldir import load_models, ModelDirError
+    if a.batch_size < 1 or a.shard_size < 1:
+        raise UsageError(f"--batch-size and --shard-size must be positive, got {a.batch_size} and {a.shard_size}")
+    try:
+        src = open_source(a.source, a.image_column, a.caption_column)
+        man = encode_to_shards(src, a.out, load_models(a.model), batch_size=a.batch_size, shard_size=a.shard_size,
+                               clip_score=a.clip_score, workers=a.workers, progress=not a.quiet,
+                               command=_encode_command(a))
+    except (EncodeError, ModelDirError) as e: raise UsageError(str(e)) from None
+    except KeyboardInterrupt:
+        print(f"dalle-nb: interrupted: the shards finished so far are kept in {a.out}; the same command resumes",
+              file=sys.stderr)
+        return 130
+    except OSError as e:
+        raise RunFailure(f"cannot write into --out {a.out}: {e.strerror or e}; the finished shards are kept, "
+                         "the same command resumes") from None
+    _say_encoded(man, a.out)
     return 0
 
 # %% ../nbs/11_cli.ipynb #30a02269
 def cmd_convert(a) -> int:
-    "Convert published DALL·E Mini/Mega weights (min-dalle's or dalle-mini's layout, with VQGAN and CLIP) into a model directory."
+    ("Convert published DALL·E Mini/Mega weights (min-dalle's or dalle-mini's layout, with VQGAN and CLIP) into a "
+     "model directory.")
     if a.source == "dalle-mini" and not a.vqgan:
-        raise UsageError("--from dalle-mini needs --vqgan DIR: dalle-mini keeps its VQGAN (flax_model.msgpack + config.json) in its own folder")
+        raise UsageError("--from dalle-mini needs --vqgan DIR: dalle-mini keeps its VQGAN (flax_model.msgpack + "
+                         "config.json) in its own folder")
     out = Path(a.out)
-    if out.exists() and (not out.is_dir() or any(out.iterdir())): raise UsageError(f"--out {out} exists and is not an empty directory; choose a new one")
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise UsageError(f"--out {out} exists and is not an empty directory; choose a new one")
     from dalle_nb.convert import ConvertError
     from dalle_nb.published import convert
     t0 = time.perf_counter()
@@ -261,7 +271,8 @@ def cmd_convert(a) -> int:
 def _gib(b) -> str: return "?" if b is None else f"{b / 2**30:.2f} GiB"
 
 def cmd_models(a) -> int:
-    "List the published sets `--model` takes by name: repositories, download size, memory for 1 and 8 images, what is on disk."
+    ("List the published sets `--model` takes by name: repositories, download size, memory for 1 and 8 images, what is "
+     "on disk.")
     from dalle_nb.hub import PUBLISHED, status, memory_needed
     ask = [True]
     for name, p in PUBLISHED.items():
@@ -281,257 +292,6 @@ def cmd_download(a) -> int:
     except HubError as e: raise UsageError(str(e)) from None
     print(f"model directory: {path}   (dalle-nb generate \"...\" --model {a.name})")
     return 0
-
-# %% ../nbs/11_cli.ipynb #238a5680
-_FLAGS = dict(every="--progressive", image_prompt="--image-prompt")   # settings whose flag is not `--` + the name, dashed
-
-def _flag(name: str) -> str: return _FLAGS.get(name, "--" + name.replace("_", "-"))
-
-def _prompts(a) -> list[str]:
-    "The prompts of a `generate` call: the argument, or the lines of `--prompts FILE` (blank lines and `#` comments skipped)."
-    if (a.prompt is None) == (a.prompts is None): raise UsageError("give one prompt, or --prompts FILE (one prompt per line), or --from PNG")
-    if a.prompts is None: return [a.prompt]
-    try: lines = Path(a.prompts).read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as e: raise UsageError(f"--prompts {a.prompts}: cannot read it ({getattr(e, 'strerror', None) or e})") from None
-    prompts = [l.strip() for l in lines if l.strip() and not l.lstrip().startswith("#")]
-    if not prompts: raise UsageError(f"--prompts {a.prompts}: no prompts in it (one per line)")
-    return prompts
-
-def _writable(out: Path, names: list[str]) -> list[Path]:
-    "Create `out` (one sub-folder per name when there are several) and prove it takes a file — before any work."
-    dirs = [out] if len(names) == 1 else [out / n for n in names]
-    try:
-        for d in dirs:
-            d.mkdir(parents=True, exist_ok=True)
-            probe = d / f".dalle-nb-write-test.{os.getpid()}-{os.urandom(3).hex()}.tmp"   # its own: two runs at once
-            probe.write_bytes(b""); probe.unlink()
-    except OSError as e: raise UsageError(f"--out {out}: cannot write there ({e.strerror or e})") from None
-    return dirs
-
-def _folders(prompts: list[str]) -> list[str]:
-    "A distinct folder name per prompt: its slug, then -2, -3 … for repeats."
-    from dalle_nb.pipeline import slug
-    seen, out = {}, []
-    for p in prompts:
-        s = slug(p); seen[s] = seen.get(s, 0) + 1
-        out.append(s if seen[s] == 1 else f"{s}-{seen[s]}")
-    return out
-
-# %% ../nbs/11_cli.ipynb #3db3d5cb
-def _checked(a, prompts):
-    "Load the model and check every setting, prompt and the image prompt before any work; `(pipeline, settings, warnings)`."
-    from dalle_nb.pipeline import Pipeline, PromptError, SettingError, check_setting
-    from dalle_nb.modeldir import ModelDirError
-    from dalle_nb.hub import HubError
-    try:
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            every = None if a.progressive is None else check_setting("every", a.progressive)
-            for name in ("n", "rerank", "cond_scale", "seed", "temperature", "top_k", "top_p", "plausibility", "keep_rows", "max_memory"):
-                if getattr(a, name) is not None: check_setting(name, getattr(a, name))   # NaN, sign: before loading anything
-            pipe = Pipeline(a.model, quantize=a.quantize, cache=a.cache)
-            st = pipe.settings(a.n, a.rerank, a.cond_scale, 0 if a.seed is None else a.seed, a.temperature, a.top_k, a.top_p, a.plausibility)
-            pipe.encode_negative(a.negative, st["cond_scale"])
-            for i, p in enumerate(prompts):
-                try: pipe.encode_prompt(p)
-                except PromptError as e: raise PromptError(f"--prompts {a.prompts} prompt {i + 1} ({_q(p)}): {e}" if a.prompts else str(e)) from None
-            pipe.image_prompt(a.image_prompt, a.keep_rows)
-            asked = min(pipe.batch_size, st["n"] * len(prompts))
-            pipe.batch_size = pipe.batch_for(st["n"], st["rerank"], len(prompts), None if a.max_memory is None else a.max_memory * 2**30)
-            if pipe.batch_size < asked: warnings.warn(f"drawing {pipe.batch_size} image(s) at a time, not {asked}, to fit {'--max-memory' if a.max_memory else 'the free memory'}")
-    except SettingError as e: raise UsageError(f"{_flag(e.name)} {e.message}") from None
-    except (PromptError, ModelDirError, ValueError, HubError) as e: raise UsageError(str(e)) from None
-    return pipe, dict(st, every=every), [str(w.message) for w in caught]
-
-# %% ../nbs/11_cli.ipynb #94a2d769
-def _progress_writer(out: Path, every):
-    "Callback part that writes `--progressive` frames (a grid of the batch per step) into `out/progress/`; `.gif()` joins them."
-    frames = []
-    def write(step):
-        if every is None: return
-        from dalle_nb.images import image_grid, save_png
-        frames.append(_new_file(lambda k: out / "progress" / f"frame_{len(frames) + k:04d}.png",
-                                lambda p: save_png(image_grid(step.images), p, replace=False)))   # another run's frames: kept
-    def gif():
-        if not frames: return None
-        from PIL import Image
-        from dalle_nb.images import atomic_path
-        ims = [Image.open(f).convert("RGB") for f in frames]
-        def save(path):
-            with atomic_path(path, replace=False) as tmp:         # never a truncated GIF under its final name
-                ims[0].save(tmp, format="GIF", save_all=True, append_images=ims[1:] + [ims[-1]] * 4, duration=120, loop=0)
-            return path
-        return _new_file(lambda k: out / ("progress.gif" if k == 0 else f"progress-{k + 1}.gif"), save)
-    write.gif = gif
-    return write
-
-def _new_file(name, write):
-    "`write(name(k))` for k = 0, 1, … until a name is free (`write` raises `FileExistsError` for a taken one); the path."
-    for k in range(10**6):
-        try: return write(name(k))
-        except FileExistsError: pass
-    raise RunFailure(f"no free name for {name(0)}")
-
-def _ctrl_c_handler(stop):
-    "A SIGINT handler: the first Ctrl-C sets `stop` (the run ends after the images being drawn); a second raises `KeyboardInterrupt`."
-    def handler(sig, frame):
-        if stop.is_set(): raise KeyboardInterrupt
-        stop.set(); print("\ndalle-nb: stopping after the images being drawn now (Ctrl-C again: at once)", file=sys.stderr)
-    return handler
-
-@contextlib.contextmanager
-def _ctrl_c_sets(stop):
-    "Within: `_ctrl_c_handler(stop)` answers Ctrl-C (when in the main thread: signals reach no other)."
-    if threading.current_thread() is not threading.main_thread(): yield stop; return
-    old = signal.signal(signal.SIGINT, _ctrl_c_handler(stop))
-    try: yield stop
-    finally: signal.signal(signal.SIGINT, old)
-
-# %% ../nbs/11_cli.ipynb #00311ba7
-def _say_plan(pipe, st, prompts):
-    "Print (to stderr) how many images will be drawn, how many at a time, and the memory that takes."
-    total, est = st["n"] * len(prompts), pipe.memory_estimate(st["n"], st["rerank"], len(prompts))
-    print(f"dalle-nb: {total} image(s) to draw for {len(prompts)} prompt(s), {min(pipe.batch_size, total)} at a time; memory: about "
-          f"{est['total'] / 2**20:,.0f} MiB (weights {est['weights'] / 2**20:,.0f}, a batch {est['batch'] / 2**20:,.0f}, images kept {est['kept'] / 2**20:,.0f})", file=sys.stderr)
-
-def _say_written(written: dict, folders):
-    "Print each prompt's images: CLIP scores, files written (in rank or candidate order), how many repeated a better one."
-    for j, (r, paths) in sorted(written.items()):
-        scores = "" if r.scores is None else "  clip scores: " + " ".join(f"{s:.3f}" for s in r.scores)
-        print(f"{len(r.images)} image(s) for {_q(r.prompt)}{scores}")
-        if r.repeats and len(r.images) < r.settings.get("rerank", 0):
-            print(f"  only {len(r.images)} distinct of the {r.settings['rerank']} asked: {r.repeats} candidate(s) "
-                  "repeated a better one pixel for pixel")
-        order = "best first" if r.scores is not None else "in candidate order"
-        print(f"  wrote {len(paths) - 1} PNG(s) and {paths[-1].name} to {folders[j].dir.resolve()}, {order}: "
-              + " ".join(p.name for p in paths[:-1]))
-
-# %% ../nbs/11_cli.ipynb #1ded30f6
-def cmd_generate(a) -> int:
-    "Generate images for a prompt (or `--prompts FILE`, or again `--from PNG`), writing each PNG as its batch finishes."
-    import numpy as np
-    from tqdm.auto import tqdm
-    from dalle_nb.pipeline import ImageFolder
-    if not a.out.strip(): raise UsageError("--out is empty: name the directory for the images")
-    if a.from_png is not None: return _regenerate(a)
-    if a.keep_rows is not None and a.image_prompt is None: raise UsageError("--keep-rows needs an image prompt (--image-prompt: the image whose top rows are kept)")
-    prompts = _prompts(a)
-    t0 = time.perf_counter()
-    pipe, st, notes = _checked(a, prompts)
-    for n in notes: print(f"dalle-nb: warning: {n}", file=sys.stderr)
-    for n in unseen_notes(prompts, pipe.models.text): print(f"dalle-nb: warning: {n}", file=sys.stderr)
-    out = Path(a.out)
-    folders = [ImageFolder(d) for d in _writable(out, _folders(prompts))]
-    total = st["n"] * len(prompts)
-    _say_plan(pipe, st, prompts)
-    bar = tqdm(total=total, unit="image", desc="generating", file=sys.stderr, disable=a.quiet)
-    frames, written, stop, failed = _progress_writer(out, st["every"]), {}, threading.Event(), None
-    def on_step(step, results):
-        frames(step)
-        if step.final:
-            for j in np.unique(step.prompts): written[int(j)] = (results[j], folders[j].sync(results[j]))
-            bar.update(len(step.indices))
-        bar.set_postfix_str("" if step.final else f"tokens {step.t}/{step.image_len}")
-        return not stop.is_set()
-    with _ctrl_c_sets(stop), warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="prompt truncated")   # said once already, by `_checked`
-        try: pipe.many(prompts, callback=on_step, every=st["every"], image_prompt=a.image_prompt, keep_rows=a.keep_rows,
-                       negative=a.negative,
-                       **{k: st[k] for k in ("n", "rerank", "cond_scale", "seed", "temperature", "top_k", "top_p", "plausibility")})
-        except KeyboardInterrupt: stop.set()                         # the second Ctrl-C
-        except OSError as e: failed = e                              # a full disk: what is finished stays
-        try: preview = frames.gif()
-        except OSError as e: preview, failed = None, failed or e
-    bar.close()
-    if stop.is_set() or failed is not None: return _say_stopped(folders, out, failed)
-    _say_written(written, folders)
-    print(f"done in {time.perf_counter() - t0:.1f}s" + (f"; progressive frames in {out / 'progress'}, animated: {preview}" if preview else ""))
-    return 0
-
-def _say_stopped(folders, out: Path, failed: OSError | None) -> int:
-    "After Ctrl-C (exit 130) or a failed write (`RunFailure`): the grids redrawn from the finished images, which are all kept."
-    for f in folders:                                                # the stop may have come between an image and the grid
-        try: f.regrid()
-        except OSError: pass
-    kept = sum(len(f.files) for f in folders)
-    if failed is not None:
-        raise RunFailure(f"cannot write into {out}: {failed.strerror or failed}; kept the {kept} finished image(s)")
-    print(f"dalle-nb: interrupted: kept the {kept} finished image(s) in {out.resolve()}", file=sys.stderr)
-    return 130
-
-# %% ../nbs/11_cli.ipynb #4c285dd8
-def _regenerate(a) -> int:
-    "`generate --from PNG`: draw the image a PNG's generation record describes again, into `--out`."
-    from dalle_nb.pipeline import Pipeline, read_record
-    from dalle_nb.modeldir import ModelDirError
-    from dalle_nb.hub import HubError
-    given = [f for f in ("prompt", "prompts", "n", "rerank", "cond_scale", "seed", "temperature", "top_k", "top_p", "plausibility",
-                         "image_prompt", "keep_rows", "progressive", "negative") if getattr(a, f) is not None]
-    if given: raise UsageError(f"--from draws the image again with its own settings; drop {', '.join(_flag(f) if f != 'prompt' else 'the prompt' for f in given)}")
-    if not Path(a.from_png).is_file(): raise UsageError(f"--from {a.from_png}: no such file")
-    try: rec = read_record(a.from_png)
-    except ValueError as e: raise UsageError(f"--from {e}") from None
-    if not isinstance(rec.get("model", ""), str): raise UsageError(f"--from {a.from_png}: its record's model is not a path; give --model DIR")
-    model = a.model or (None if rec.get("model") in ("shipped", "", None) else rec["model"])
-    try: r, same = Pipeline(model, quantize=a.quantize or rec.get("settings", {}).get("quantize"),
-                             cache=a.cache or rec.get("settings", {}).get("cache")).regenerate(rec)
-    except ModelDirError as e: raise UsageError(f"{e} (the model the image was made with; give --model DIR)") from None
-    except HubError as e: raise UsageError(str(e)) from None
-    except ValueError as e: raise UsageError(f"--from {a.from_png}: {e}") from None
-    paths = r.save(_writable(Path(a.out), ["."])[0])
-    if not same: print("dalle-nb: warning: the tokens differ from the ones recorded (another machine or library version draws differently)", file=sys.stderr)
-    print(f"regenerated {paths[0].name} ({_q(rec['prompt'])}, seed {r.settings['seed']}, candidate {rec['index']})"
-          f"{': the same tokens as recorded' if same else ''} in {Path(a.out).resolve()}")
-    return 0
-
-# %% ../nbs/11_cli.ipynb #344b6754
-def _add_generate(sub):
-    "`dalle-nb generate`'s flags (the sampling defaults it names are the shipped model's: the `shapes` preset's)."
-    from dalle_nb.config import get_config
-    s = get_config("shapes").sample
-    ours = lambda v: f"default: the model's, {v:g} for the shipped one"
-    g = sub.add_parser("generate", help="text → images (PNG files that record how they were made, plus grid.png)")
-    g.add_argument("prompt", nargs="?", default=None, help="what to draw")
-    g.add_argument("--out", required=True, help="directory for the PNG files (a folder per prompt with --prompts)")
-    g.add_argument("--prompts", default=None, metavar="FILE", help="one prompt per line (blank lines and # comments "
-                   "skipped), drawn in shared batches (default: the prompt argument alone)")
-    g.add_argument("--from", dest="from_png", default=None, metavar="PNG",
-                   help="draw an image made by dalle-nb again, from the record in its PNG (default: new images)")
-    g.add_argument("--n", type=int, default=None, help=f"candidates to sample per prompt ({ours(s.n_candidates)})")
-    g.add_argument("--rerank", type=int, default=None,
-                   help=f"keep the K best distinct images by CLIP score (0 = keep all, unranked; {ours(s.rerank)})")
-    g.add_argument("--cond-scale", type=float, default=None,
-                   help=f"super-conditioning scale (1 = none; {ours(s.cond_scale)})")
-    g.add_argument("--seed", type=int, default=None, help="candidate i of a seed is the same image whatever --n (default 0)")
-    g.add_argument("--temperature", type=float, default=None,
-                   help=f"divide the logits by T before sampling (< 1: surer, > 1: more varied; {ours(s.temperature)})")
-    g.add_argument("--top-k", type=int, default=None,
-                   help=f"sample from the k most likely tokens (0 = all; {ours(s.top_k)})")
-    g.add_argument("--top-p", type=float, default=None, help=f"nucleus sampling mass (1 = off; {ours(s.top_p)})")
-    g.add_argument("--plausibility", type=float, default=None, help="keep only ids the conditional model gives >= this "
-                   f"fraction of its top probability (0 = off; {ours(s.plausibility)})")
-    g.add_argument("--model", default=None,
-                   help="model directory, or a published set by name: mega, mini or their Hub ids, fetched and "
-                        "converted on first use (dalle-nb models lists them; default: the shipped shapes model)")
-    g.add_argument("--negative", default=None, metavar="TEXT",
-                   help="negative prompt: what not to draw (the caption super conditioning steers away from; "
-                        "needs --cond-scale other than 1; default: none, the empty caption)")
-    g.add_argument("--image-prompt", default=None, metavar="PNG",
-                   help="complete this image: keep the top --keep-rows token rows, draw the rest (default: none)")
-    g.add_argument("--keep-rows", type=int, default=None, metavar="K",
-                   help="token rows of --image-prompt to keep (default: half the grid)")
-    g.add_argument("--progressive", type=int, default=None, metavar="K", help="every K tokens, write the partly drawn "
-                   "batch to OUT/progress/frame_NNNN.png; OUT/progress.gif at the end (default: off)")
-    g.add_argument("--quantize", choices=("bfloat16", "int8"), default=None,
-                   help="the transformer's weights in bfloat16 or int8 (int8: ~2× faster token steps on a CPU, ¼ the "
-                        "memory; BENCHMARKS.md has the error; default: float32)")
-    g.add_argument("--cache", choices=("float32", "bfloat16", "int8"), default=None,
-                   help="the decode cache of keys/values (default: float32 on a CPU, bfloat16 on accelerators; "
-                        "BENCHMARKS.md has the error)")
-    g.add_argument("--max-memory", type=float, default=None, metavar="GB", help="memory this process may use (GiB): "
-                   "batches are split to fit, or the request is refused (default: what is free)")
-    g.add_argument("--quiet", action="store_true", help="no progress bar")
-    g.set_defaults(func=cmd_generate)
 
 # %% ../nbs/11_cli.ipynb #b289ffb8
 def _add_train(sub):
@@ -554,53 +314,68 @@ def _add_train(sub):
                    "stage's data-parallel gradient all-reduce to this rank (the DALL·E paper's; 0 = off; default: the "
                    "preset's, off)")
     t.add_argument("--loss-scale", type=float, default=None, metavar="S", help="multiply the transformer stage's loss "
-                   "by S before differentiating, divide the gradients back (float16 training; default: the preset's, 1)")
+                   "by S before differentiating, divide the gradients back (float16 training; default: the "
+                   "preset's, 1)")
     t.add_argument("--block-grad-scale", action="store_true", help="per-resblock gradient scales for the transformer "
                    "stage (the DALL·E paper's float16 training; needs --arch dalle)")
+    _add_processes(t)
+    t.add_argument("--data", action="append", default=None, metavar="DIR", help="train the bart stage on token shards "
+                   "written by `dalle-nb encode` (repeatable; needs --stages bart; default: the shapes dataset)")
+    t.add_argument("--quiet", action="store_true", help="no progress bars")
+    t.set_defaults(func=cmd_train)
+
+# %% ../nbs/11_cli.ipynb #67dfce40
+def _add_processes(t):
+    "`train`'s flags for one process per host (each also read from a `DALLE_NB_*` variable)."
     t.add_argument("--coordinator", default=None, metavar="HOST:PORT", help="multi-process run: address of process 0 "
                    "('auto' on a TPU pod; or DALLE_NB_COORDINATOR; default: one process)")
     t.add_argument("--num-processes", type=int, default=None,
                    help="multi-process run: how many processes (or DALLE_NB_NUM_PROCESSES; default 1)")
     t.add_argument("--process-id", type=int, default=None,
                    help="multi-process run: this process's index (or DALLE_NB_PROCESS_ID; default 0)")
-    t.add_argument("--data", action="append", default=None, metavar="DIR", help="train the bart stage on token shards "
-                   "written by `dalle-nb encode` (repeatable; needs --stages bart; default: the shapes dataset)")
-    t.add_argument("--quiet", action="store_true", help="no progress bars")
-    t.set_defaults(func=cmd_train)
 
 # %% ../nbs/11_cli.ipynb #49f8ea8d
 def _add_info_encode(sub):
     "`dalle-nb info`'s and `dalle-nb encode`'s flags."
-    i = sub.add_parser("info", help="what JAX sees (backend, devices, memory, compilation cache; a GPU it misses), and a model directory")
-    i.add_argument("--model", default=None, help="model directory or downloaded published set (default: the shipped model)")
+    i = sub.add_parser("info",
+                       help="what JAX sees (backend, devices, memory, compilation cache; a GPU it misses), and a model "
+                            "directory")
+    i.add_argument("--model", default=None,
+                   help="model directory or downloaded published set (default: the shipped model)")
     i.add_argument("--verify", action="store_true",
                    help="check every file against manifest.json and every tensor for NaN/inf, now")
     i.set_defaults(func=cmd_info)
     e = sub.add_parser("encode", help="images + captions → VQGAN token shards (parquet + manifest.json) for training")
-    e.add_argument("source", nargs="+", help="a folder of images with same-name .txt captions, webdataset .tar files, or .parquet files")
+    e.add_argument("source", nargs="+",
+                   help="a folder of images with same-name .txt captions, webdataset .tar files, or .parquet files")
     e.add_argument("--out", required=True, help="directory for the shards and manifest.json (running again resumes)")
     e.add_argument("--model", default=None, help="model directory whose VQGAN encodes (default: the shipped model)")
-    e.add_argument("--batch-size", type=int, default=64, help="images per batch, split over all local devices (default 64)")
+    e.add_argument("--batch-size", type=int, default=64,
+                   help="images per batch, split over all local devices (default 64)")
     e.add_argument("--shard-size", type=int, default=10_000, help="input records per shard (default 10000)")
-    e.add_argument("--clip-score", action="store_true", help="add a clip_score column computed with the model directory's CLIP")
+    e.add_argument("--clip-score", action="store_true",
+                   help="add a clip_score column computed with the model directory's CLIP")
     e.add_argument("--image-column", default="image", help="parquet input: column of image bytes (default 'image')")
     e.add_argument("--caption-column", default="caption", help="parquet input: column of captions (default 'caption')")
     e.add_argument("--workers", type=int, default=None, help="image-decoding threads (default: min(8, CPU count))")
     e.add_argument("--quiet", action="store_true", help="no progress bar")
     e.set_defaults(func=cmd_encode)
 
+# %% ../nbs/11_cli.ipynb #0f4323cd
 def _add_convert(sub):
     "`dalle-nb convert`'s flags."
     c = sub.add_parser("convert", help="published DALL·E Mini/Mega weights (+ VQGAN, CLIP) → a model directory")
     c.add_argument("dir", help="the BART's folder: min-dalle's (encoder.pt, decoder.pt, vocab.json, merges.txt) "
                                "or dalle-mini's (flax_model.msgpack, config.json, vocab.json, merges.txt)")
-    c.add_argument("--from", dest="source", required=True, choices=("min-dalle", "dalle-mini"), help="the layout of DIR")
+    c.add_argument("--from", dest="source", required=True, choices=("min-dalle", "dalle-mini"),
+                   help="the layout of DIR")
     c.add_argument("--out", required=True, help="the model directory to write (new or empty)")
     c.add_argument("--vqgan", default=None, help="dalle-mini's VQGAN folder (flax_model.msgpack + config.json); "
                                                  "min-dalle default: detoker.pt in DIR or DIR/../vqgan (decoder only)")
     c.add_argument("--clip", default=None, help="CLIP folder in transformers' layout (config.json, model.safetensors "
                    "or pytorch_model.bin, tokenizer) for reranking (default: none, no reranking)")
-    c.add_argument("--dtype", choices=("float32", "float16", "bfloat16"), default="float32", help="parameters on disk (default float32)")
+    c.add_argument("--dtype", choices=("float32", "float16", "bfloat16"), default="float32",
+                   help="parameters on disk (default float32)")
     c.add_argument("--heads", type=int, default=None, help="min-dalle: attention heads of a BART that is neither Mini "
                    "nor Mega (not stored in the files; default: Mini's or Mega's, by the tensors' sizes)")
     c.set_defaults(func=cmd_convert)
@@ -608,10 +383,14 @@ def _add_convert(sub):
 # %% ../nbs/11_cli.ipynb #c4ce65c4
 def _add_hub(sub):
     "`dalle-nb models`' and `dalle-nb download`'s flags."
-    m = sub.add_parser("models", help="published sets --model takes by name: repositories, download size, memory, what is on disk")
-    m.add_argument("--offline", action="store_true", help="ask the Hub nothing (sizes of files not downloaded are then unknown)")
+    m = sub.add_parser("models",
+                       help="published sets --model takes by name: repositories, download size, memory, what is "
+                            "on disk")
+    m.add_argument("--offline", action="store_true",
+                   help="ask the Hub nothing (sizes of files not downloaded are then unknown)")
     m.set_defaults(func=cmd_models)
-    d = sub.add_parser("download", help="fetch a published set by name (mega, mini, a Hub id) and convert it, without generating")
+    d = sub.add_parser("download",
+                       help="fetch a published set by name (mega, mini, a Hub id) and convert it, without generating")
     d.add_argument("name", help="mega, mini, or a published set's Hub id (dalle-nb models lists them)")
     d.set_defaults(func=cmd_download)
 
@@ -631,12 +410,15 @@ def _parsers(p):
             for sp in a.choices.values(): yield from _parsers(sp)
 
 class _Parser(argparse.ArgumentParser):
-    "argparse, its refusals in one line (not the whole usage block): `dalle-nb generate: error: … (see --help)`, exit 2."
+    ("argparse, its refusals in one line (not the whole usage block): `dalle-nb generate: error: … (see --help)`, exit "
+     "2.")
     def error(self, message):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
+# %% ../nbs/11_cli.ipynb #11ae1d4f
 def build_parser() -> argparse.ArgumentParser:
-    "The `dalle-nb` argument parser: generate, train, info, encode, convert, pod, gpu; each option's help gives its default."
+    ("The `dalle-nb` argument parser: generate, train, info, encode, convert, pod, gpu; each option's help gives its "
+     "default.")
     p = _Parser(prog="dalle-nb",
                 description="DALL·E Mega in JAX/Flax: generate images from text, train models.")
     sub = p.add_subparsers(dest="command", required=True)

@@ -50,7 +50,8 @@ def _job(a) -> TrainJob:
         k, eq, v = e.partition("=")
         if not eq: raise PodError(f"--env {e!r}: expected NAME=VALUE")
         env.append((k, v))
-    return TrainJob(a.run, a.workdir, preset=a.preset, stages=tuple(s for s in a.stages.split(",") if s), sets=tuple(a.set),
+    return TrainJob(a.run, a.workdir, preset=a.preset, stages=tuple(s for s in a.stages.split(",") if s),
+                    sets=tuple(a.set),
                     data=tuple(a.data), mesh=a.mesh, optimizer=a.optimizer, env=tuple(env))
 
 def _runner(a):
@@ -69,7 +70,8 @@ def _cmd_fit(a) -> int:
     from dalle_nb.config import get_config
     from dalle_nb.fitcheck import fit_check
     cfg = get_config(a.preset, a.set)
-    rep = fit_check(cfg, a.topology, a.mesh, per_replica=a.per_replica, accum=a.accum, remat=a.remat, scan=not a.no_scan,
+    rep = fit_check(cfg, a.topology, a.mesh, per_replica=a.per_replica, accum=a.accum, remat=a.remat,
+                    scan=not a.no_scan,
                     dtype=a.dtype, param_dtype=a.param_dtype, optimizer=a.optimizer, layers=a.layers, hbm_gib=a.hbm_gib)
     print(rep.table())
     if a.json:
@@ -88,8 +90,31 @@ def _cmd_launch(a, pod) -> int:
     return 0
 
 # %% ../nbs/11a_cli_pod.ipynb #bba6523d
+def _cmd_pod(a) -> int:
+    "Run a `dalle-nb pod` subcommand that acts on one named pod: create, setup, launch, logs, stop, delete, watch."
+    c = a.pod_command
+    if c == "create":
+        return TPUPod(_spec(a, accelerator=a.accelerator, version=a.version, provisioning=a.provisioning),
+                      _runner(a)).create().returncode
+    pod = TPUPod(_spec(a), _runner(a))
+    if c == "setup": return pod.setup(_wheel(a), a.mount).returncode
+    if c == "launch": return _cmd_launch(a, pod)
+    if c == "logs":
+        return pod.logs(a.run, worker=a.worker if a.worker == "all" else int(a.worker), lines=a.lines,
+                        follow=not a.no_follow).returncode
+    if c == "stop": return pod.stop(a.run).returncode
+    if c == "delete": return pod.delete().returncode
+    if c == "watch":
+        job = _job(a)
+        spec = _spec(a, accelerator=a.accelerator, version=a.version, provisioning=a.provisioning)
+        out = watch(TPUPod(spec, _runner(a)), job, _wheel(a), max_restarts=a.max_restarts, poll=a.poll)
+        print(f"watch: {out}")
+        return 0 if out in ("done", "dry run") else 1
+    raise PodError(f"unknown pod command {c!r}")
+
+# %% ../nbs/11a_cli_pod.ipynb #19365012
 def _cmd(a) -> int:
-    "Run the `dalle-nb pod` subcommand `a.pod_command`."
+    "Run the `dalle-nb pod` subcommand `a.pod_command`: the workers' own, `fit`, `list`, or one on a pod (`_cmd_pod`)."
     c = a.pod_command
     if c == "worker-start": print(worker_start(a.run, a.argv, a.dir)); return 0
     if c == "worker-stop": print(worker_stop(a.run, a.dir, a.grace)); return 0
@@ -99,21 +124,7 @@ def _cmd(a) -> int:
         pod = TPUPod(PodSpec("list", zone=a.zone, project=a.project), _runner(a))
         for r in pod.list(): print(f"{r['name']:30s} {r['state']:12s} {r['accelerator']}")
         return 0
-    if c == "create": return TPUPod(_spec(a, accelerator=a.accelerator, version=a.version, provisioning=a.provisioning), _runner(a)).create().returncode
-    pod = TPUPod(_spec(a), _runner(a))
-    if c == "setup": return pod.setup(_wheel(a), a.mount).returncode
-    if c == "launch": return _cmd_launch(a, pod)
-    if c == "logs": return pod.logs(a.run, worker=a.worker if a.worker == "all" else int(a.worker), lines=a.lines, follow=not a.no_follow).returncode
-    if c == "stop": return pod.stop(a.run).returncode
-    if c == "delete": return pod.delete().returncode
-    if c == "watch":
-        job = _job(a)
-        spec = _spec(a, accelerator=a.accelerator, version=a.version, provisioning=a.provisioning)
-        pod = TPUPod(spec, _runner(a))
-        out = watch(pod, job, _wheel(a), max_restarts=a.max_restarts, poll=a.poll)
-        print(f"watch: {out}")
-        return 0 if out in ("done", "dry run") else 1
-    raise PodError(f"unknown pod command {c!r}")
+    return _cmd_pod(a)
 
 # %% ../nbs/11a_cli_pod.ipynb #178f0a3f
 def _create_args(p):
@@ -128,18 +139,26 @@ def _wheel_args(p):
     p.add_argument("--wheel", default=None, help="dalle_nb wheel to install (default: build one from this checkout)")
     p.add_argument("--wheel-dir", default="dist", help="where to build the wheel (default dist/)")
 
+# %% ../nbs/11a_cli_pod.ipynb #91c63718
 def _add_pod_lifecycle(ps):
-    "`pod create|setup|launch|logs|list|stop|delete|watch`."
+    "`pod create|setup|launch`, then `_add_pod_runs`' commands."
     p = ps.add_parser("create", help="create a TPU VM pod"); _pod_args(p); _create_args(p)
-    p = ps.add_parser("setup", help="install this package (and mount GCS buckets) on every worker"); _pod_args(p); _wheel_args(p)
+    p = ps.add_parser("setup", help="install this package (and mount GCS buckets) on every worker")
+    _pod_args(p); _wheel_args(p)
     p.add_argument("--mount", action="append", default=[], metavar="BUCKET",
                    help="GCS bucket to mount at /mnt/gcs/BUCKET (repeatable; default: none)")
     p = ps.add_parser("launch", help="start `dalle-nb train` on every worker"); _pod_args(p); _job_args(p)
-    p.add_argument("--local", type=int, default=0, metavar="N", help="instead: N processes on this machine (jax.distributed, CPU devices)")
+    p.add_argument("--local", type=int, default=0, metavar="N",
+                   help="instead: N processes on this machine (jax.distributed, CPU devices)")
     p.add_argument("--devices", type=int, default=2, help="--local: fake CPU devices per process")
     p.add_argument("--local-dir", default="runs/local-pod", help="--local: where each process keeps its log")
     p.add_argument("--wait", action="store_true", help="--local: wait for the processes; exit 1 unless all succeed")
     p.add_argument("--timeout", type=float, default=3600, help="--local --wait: seconds to wait for the processes")
+    _add_pod_runs(ps)
+
+# %% ../nbs/11a_cli_pod.ipynb #5f6261af
+def _add_pod_runs(ps):
+    "`pod logs|list|stop|delete|watch`: the runs on a pod, and the pod's end."
     p = ps.add_parser("logs", help="stream a run's log from a worker"); _pod_args(p)
     p.add_argument("--run", required=True, help="run name")
     p.add_argument("--worker", default="0", help="worker index, or all")
@@ -149,7 +168,8 @@ def _add_pod_lifecycle(ps):
     p = ps.add_parser("stop", help="stop a run on every worker (the pod stays)"); _pod_args(p)
     p.add_argument("--run", required=True, help="run name")
     p = ps.add_parser("delete", help="delete the pod"); _pod_args(p)
-    p = ps.add_parser("watch", help="keep a run going: recreate + relaunch after preemption"); _pod_args(p); _job_args(p); _create_args(p); _wheel_args(p)
+    p = ps.add_parser("watch", help="keep a run going: recreate + relaunch after preemption")
+    _pod_args(p); _job_args(p); _create_args(p); _wheel_args(p)
     p.add_argument("--max-restarts", type=int, default=10, help="relaunches after preemption before giving up")
     p.add_argument("--poll", type=float, default=300, help="seconds between checks of the pod and the run")
 
@@ -161,7 +181,8 @@ def _add_pod_fit(ps):
     p.add_argument("--preset", default="mega", help="the configuration whose train step is compiled")
     p.add_argument("--topology", default="v3:8x16", help="TPU generation and chip grid")
     p.add_argument("--mesh", default=None, help="layout (default: the preset's bart_train.mesh)")
-    p.add_argument("--per-replica", type=int, default=None, help="samples per model replica per accumulation step (default: bart_train.batch_size)")
+    p.add_argument("--per-replica", type=int, default=None,
+                   help="samples per model replica per accumulation step (default: bart_train.batch_size)")
     p.add_argument("--accum", type=int, default=None, help="accumulation steps (default: bart_train.grad_accum)")
     p.add_argument("--remat", choices=REMATS, default="full",
                    help="what the backward pass recomputes instead of storing")
@@ -175,6 +196,7 @@ def _add_pod_fit(ps):
     p.add_argument("--set", action="append", default=[], help="override a config field (repeatable; default: none)")
     p.add_argument("--json", default=None, help="also write the report as JSON here (default: none)")
 
+# %% ../nbs/11a_cli_pod.ipynb #a42ba811
 def _add_worker_commands(ps):
     "`pod worker-start|worker-stop|worker-status`: what `launch`, `stop` and `watch` run on the workers."
     for name, what in (("worker-start", "start a run detached (launch runs this on every worker)"),
@@ -190,7 +212,9 @@ def _add_worker_commands(ps):
 # %% ../nbs/11a_cli_pod.ipynb #d5fd27a1
 def add_pod_commands(sub, usage_error=PodError):
     "Add `dalle-nb pod …` to an argparse subparsers object; errors become `usage_error` (the CLI's one-line errors)."
-    pod = sub.add_parser("pod", help="TPU pod jobs: create, setup, launch, logs, list, stop, delete, watch; fit (AOT memory check)")
+    pod = sub.add_parser("pod",
+                         help="TPU pod jobs: create, setup, launch, logs, list, stop, delete, watch; fit (AOT memory "
+                              "check)")
     ps = pod.add_subparsers(dest="pod_command", required=True)
     _add_pod_lifecycle(ps); _add_pod_fit(ps); _add_worker_commands(ps)
     def run(a):
@@ -202,29 +226,47 @@ def add_pod_commands(sub, usage_error=PodError):
 
 # %% ../nbs/11a_cli_pod.ipynb #900baecb
 def _cmd_gpu(a) -> int:
-    "`dalle-nb gpu fit|train|list`: compile for a named GPU without one; status 1 when the program does not fit the card."
+    ("`dalle-nb gpu fit|train|list`: compile for a named GPU without one; status 1 when the program does not fit the "
+     "card.")
     import json, os
     from dalle_nb import gpu as G
     from dalle_nb.config import get_config
     if a.gpu_command == "list":
         for g in G.gpu_names():
-            s = G.gpu_spec(g); print(f"{g:<10} {s['name']:<26} {s['memory_bytes'] / 2**30:5.1f} GiB  {s['bandwidth'] / 1e12:5.2f} TB/s")
+            s = G.gpu_spec(g); print(f"{g:<10} {s['name']:<26} {s['memory_bytes'] / 2**30:5.1f} GiB  "
+                                     f"{s['bandwidth'] / 1e12:5.2f} TB/s")
         return 0
     cfg = get_config(a.preset, a.set)
     if a.gpu_command == "fit": rep = G.gpu_check(cfg, a.gpu, a.images, None if a.quantize == "none" else a.quantize)
-    else: rep = G.gpu_train_check(cfg, a.gpu, a.devices, a.mesh, per_replica=a.per_replica, accum=a.accum, remat=a.remat,
-                                  optimizer=a.optimizer, dtype=a.dtype, param_dtype=a.param_dtype)
+    else:
+        rep = G.gpu_train_check(cfg, a.gpu, a.devices, a.mesh, per_replica=a.per_replica, accum=a.accum, remat=a.remat,
+                                optimizer=a.optimizer, dtype=a.dtype, param_dtype=a.param_dtype)
     print(rep.table())
     if a.json:
         out = Path(a.json); out.parent.mkdir(parents=True, exist_ok=True)
         with atomic_path(out) as tmp: tmp.write_text(json.dumps(rep.to_json(), indent=1))
     return 0 if rep.fits else 1
 
+# %% ../nbs/11a_cli_pod.ipynb #d80f4a69
+def _gpu_train_args(train):
+    "`gpu train`'s own flags: the cards of the host and the train step's layout, batch and precision."
+    from dalle_nb.model_configs import REMATS
+    train.add_argument("--devices", type=int, default=1, help="GPUs of this card in one node")
+    train.add_argument("--mesh", default="dp=-1", help="device layout, e.g. fsdp=8 or dp=2,mp=4")
+    train.add_argument("--per-replica", type=int, default=None,
+                       help="samples per model replica per accumulation step (default: bart_train.batch_size)")
+    train.add_argument("--accum", type=int, default=1, help="gradient accumulation steps")
+    train.add_argument("--remat", choices=REMATS, default="full", help="what the backward pass recomputes")
+    train.add_argument("--optimizer", default=None, help="adam, adafactor or shampoo (default: the preset's)")
+    train.add_argument("--dtype", default=None, help="activations' dtype (default: the preset's)")
+    train.add_argument("--param-dtype", default=None, help="parameters' dtype (default: the preset's)")
+
 # %% ../nbs/11a_cli_pod.ipynb #5db5f837
 def add_gpu_commands(sub, usage_error=ValueError):
     "Add `dalle-nb gpu fit|train|list` to an argparse subparsers object; errors become `usage_error` (one line)."
     from dalle_nb.model_configs import REMATS
-    g = sub.add_parser("gpu", help="compile for a named NVIDIA GPU without one: fit (sampling), train (train step), list")
+    g = sub.add_parser("gpu",
+                       help="compile for a named NVIDIA GPU without one: fit (sampling), train (train step), list")
     gs = g.add_subparsers(dest="gpu_command", required=True)
     gs.add_parser("list", help="the shipped cards")
     for name, what in (("fit", "the sampling program"), ("train", "the BART train step")):
@@ -238,15 +280,7 @@ def add_gpu_commands(sub, usage_error=ValueError):
     fit.add_argument("--images", type=int, default=9, help="images drawn at once (super conditioning doubles the rows)")
     fit.add_argument("--quantize", choices=("none", "bfloat16", "int8"), default="bfloat16",
                      help="the transformer's kernels as served")
-    train.add_argument("--devices", type=int, default=1, help="GPUs of this card in one node")
-    train.add_argument("--mesh", default="dp=-1", help="device layout, e.g. fsdp=8 or dp=2,mp=4")
-    train.add_argument("--per-replica", type=int, default=None,
-                       help="samples per model replica per accumulation step (default: bart_train.batch_size)")
-    train.add_argument("--accum", type=int, default=1, help="gradient accumulation steps")
-    train.add_argument("--remat", choices=REMATS, default="full", help="what the backward pass recomputes")
-    train.add_argument("--optimizer", default=None, help="adam, adafactor or shampoo (default: the preset's)")
-    train.add_argument("--dtype", default=None, help="activations' dtype (default: the preset's)")
-    train.add_argument("--param-dtype", default=None, help="parameters' dtype (default: the preset's)")
+    _gpu_train_args(train)
     def run(a):
         try: return _cmd_gpu(a)
         except ValueError as e: raise usage_error(str(e)) from None

@@ -28,7 +28,8 @@ class Repo:
 
 @dataclass(frozen=True)
 class Published:
-    "A published set by name (dalle-mini's layout): the repositories of its BART, VQGAN and CLIP, the preset of its sizes."
+    ("A published set by name (dalle-mini's layout): the repositories of its BART, VQGAN and CLIP, the preset of its "
+     "sizes.")
     name: str
     bart: Repo
     vqgan: Repo
@@ -41,6 +42,7 @@ class Published:
         "`{'bart'|'vqgan'|'clip': Repo}` (no CLIP: no reranking)."
         return {k: r for k, r in (("bart", self.bart), ("vqgan", self.vqgan), ("clip", self.clip)) if r}
 
+# %% ../nbs/09c_hub.ipynb #73558a39
 _BART_FILES = ("config.json", "flax_model.msgpack", "vocab.json", "merges.txt")
 VQGAN_F16 = Repo("dalle-mini/vqgan_imagenet_f16_16384", "e93a26e7707683d349bf5d5c41c5b0ef69b677a9",
                  ("config.json", "flax_model.msgpack"))
@@ -70,7 +72,8 @@ def package_cache() -> Path:
     return Path(os.environ.get("DALLE_NB_CACHE") or Path.home() / ".cache" / "dalle_nb")
 
 def converted_dir(p: Published) -> Path:
-    "Where `p`'s converted model directory lives (only once complete): `$DALLE_NB_MODELS`, else the package cache's `models/`."
+    ("Where `p`'s converted model directory lives (only once complete): `$DALLE_NB_MODELS`, else the package cache's "
+     "`models/`.")
     return Path(os.environ.get("DALLE_NB_MODELS") or package_cache() / "models") / f"{p.name}-{p.bart.revision[:12]}"
 
 # %% ../nbs/09c_hub.ipynb #d5584917
@@ -83,12 +86,14 @@ def file_hash(path, kind: str) -> str:
     return h.hexdigest()
 
 def verify(path, what: str) -> Path:
-    "Check a file of huggingface_hub's cache against the hash it is stored under; if they differ, remove it, `HubError`."
+    ("Check a file of huggingface_hub's cache against the hash it is stored under; if they differ, remove it, "
+     "`HubError`.")
     blob = Path(path).resolve()
     kind = {64: "sha256", 40: "git"}.get(len(blob.name)) if re.fullmatch(r"[0-9a-f]+", blob.name) else None
     if kind is None or file_hash(blob, kind) == blob.name: return Path(path)
     blob.unlink(missing_ok=True); Path(path).unlink(missing_ok=True)
-    raise HubError(f"{what}: checksum mismatch ({kind} is not the {blob.name[:12]}… the Hub gave): the download is corrupt "
+    raise HubError(f"{what}: checksum mismatch ({kind} is not the {blob.name[:12]}… the Hub gave): the download is "
+                   "corrupt "
                    "and was removed; run again to fetch it anew")
 
 # %% ../nbs/09c_hub.ipynb #5e36845a
@@ -130,14 +135,16 @@ def _fetch(name: str, repo: Repo, entry, offline: bool) -> Path:
     what = f"{repo.repo_id}/{' or '.join(choices)}"
     if offline:
         raise HubError(f"model {name!r} is not downloaded yet ({what} is not in the Hugging Face cache) and "
-                       f"HF_HUB_OFFLINE is set: run `dalle-nb download {name}` with the network first, or unset HF_HUB_OFFLINE")
+                       f"HF_HUB_OFFLINE is set: run `dalle-nb download {name}` with the network first, or unset "
+                       "HF_HUB_OFFLINE")
     for f in choices:
         if _ask_hub(name, repo, f):
             try: return verify(get(f, etag_timeout=_timeout()), f"model {name!r}: {repo.repo_id}/{f}")
             except (OSError, LocalEntryNotFoundError) as e:
                 if isinstance(e, HubError): raise
                 raise HubError(f"model {name!r}: downloading {repo.repo_id}/{f} failed "
-                               f"({type(e).__name__}: {str(e)[:120]}); run again (the files already complete are kept)") from None
+                               f"({type(e).__name__}: {str(e)[:120]}); "
+                               "run again (the files already complete are kept)") from None
     raise HubError(f"model {name!r}: {what} is not in the repository at {repo.revision[:12]}")
 
 def download(name: str) -> dict:
@@ -162,6 +169,7 @@ def _sweep(final: Path):
         except ProcessLookupError: shutil.rmtree(d, ignore_errors=True)
         except (ValueError, IndexError, PermissionError): pass
 
+# %% ../nbs/09c_hub.ipynb #17449444
 def convert_published(name: str, folders: dict) -> Path:
     "Convert the downloaded `folders` of `name` into its model directory (temporary name, renamed when complete)."
     p = published(name)
@@ -173,10 +181,11 @@ def convert_published(name: str, folders: dict) -> Path:
         save_models(tmp, models, card=_card(p, folders), dtype="float16")
         try: os.replace(tmp, final)
         except OSError:
-            if not final.is_dir(): raise                         # else another process finished first: use its directory
+            if not final.is_dir(): raise                        # else another process finished first: use its directory
     except ConvertError as e: raise HubError(f"model {name!r}: the downloaded files do not convert: {e}") from None
     except OSError as e:
-        raise HubError(f"model {name!r}: cannot write the converted model in {final.parent} ({e.strerror or e})") from None
+        raise HubError(f"model {name!r}: cannot write the converted model in {final.parent} "
+                       f"({e.strerror or e})") from None
     finally: shutil.rmtree(tmp, ignore_errors=True)
     return final
 
@@ -193,7 +202,8 @@ def is_published(model) -> bool:
 
 # %% ../nbs/09c_hub.ipynb #78812bdf
 def memory_needed(p: Published, images: int = 1) -> int:
-    "About the bytes generating `images` at once with `p` takes: its preset's models' float32 weights, the decode state."
+    ("About the bytes generating `images` at once with `p` takes: its preset's models' float32 weights, the decode "
+     "state.")
     import jax
     from flax import nnx
     from dalle_nb.config import get_config
@@ -214,16 +224,21 @@ def _file_size(repo: Repo, entry, ask: list) -> tuple:
     from huggingface_hub.errors import LocalEntryNotFoundError, EntryNotFoundError
     choices = (entry,) if isinstance(entry, str) else entry
     for f in choices:
-        try: return Path(hf_hub_download(repo.repo_id, f, revision=repo.revision, local_files_only=True)).stat().st_size, True
+        try:
+            return Path(hf_hub_download(repo.repo_id, f, revision=repo.revision,
+                                        local_files_only=True)).stat().st_size, True
         except LocalEntryNotFoundError: pass
     for f in choices if ask[0] and not constants.is_offline_mode() else ():
-        try: return get_hf_file_metadata(hf_hub_url(repo.repo_id, f, revision=repo.revision), timeout=_timeout()).size, False
+        try:
+            return get_hf_file_metadata(hf_hub_url(repo.repo_id, f, revision=repo.revision),
+                                        timeout=_timeout()).size, False
         except EntryNotFoundError: continue
         except Exception: ask[0] = False
     return None, False
 
 def status(name: str, ask_hub: bool = True) -> dict:
-    "What `dalle-nb models` shows of `name`: repositories, download bytes (None: unknown), bytes cached, converted directory."
+    ("What `dalle-nb models` shows of `name`: repositories, download bytes (None: unknown), bytes cached, converted "
+     "directory.")
     p, ask = published(name), [ask_hub]
     sizes = [_file_size(r, f, ask) for r in p.repos.values() for f in r.files]
     conv = converted_dir(p)

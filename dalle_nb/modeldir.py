@@ -25,15 +25,17 @@ from .dalle import DalleTransformer
 
 # %% auto #0
 __all__ = ['MODEL_FILES', 'MANIFEST', 'required_files', 'ModelDirError', 'default_model_dir', 'paper_model_dir', 'Models',
-           'save_models', 'check_config_dict', 'load_models', 'write_manifest', 'check_manifest', 'check_finite',
-           'verify_model_dir', 'micro_config', 'micro_models']
+           'save_models', 'check_config_dict', 'write_manifest', 'check_manifest', 'check_finite', 'verify_model_dir',
+           'load_models', 'micro_config', 'micro_models']
 
 # %% ../nbs/09_modeldir.ipynb #ec3bac07
-MODEL_FILES = ("config.json", "tokenizer.json", "vqgan.msgpack", "bart.msgpack")   # what a DALL·E Mega-style directory needs
+# what a DALL·E Mega-style directory needs
+MODEL_FILES = ("config.json", "tokenizer.json", "vqgan.msgpack", "bart.msgpack")
 _CLASSES = {"vqgan": make_vqgan, "dvae": DVAE, "bart": DalleBart, "dalle": DalleTransformer, "clip": CLIP}
 
 def required_files(cfg: RunConfig) -> tuple:
-    "The files a model directory built from `cfg` must hold: config, tokenizer, its image tokenizer and its transformer."
+    ("The files a model directory built from `cfg` must hold: config, tokenizer, its image tokenizer and its "
+     "transformer.")
     return ("config.json", "tokenizer.json", f"{cfg.image_tokenizer}.msgpack", f"{cfg.arch}.msgpack")
 
 class ModelDirError(ValueError):
@@ -78,7 +80,7 @@ class Models:
 def save_models(path, models: Models, card: str = "", dtype: str | None = "float16") -> Path:
     "Write `models` as a model directory (parameters stored in `dtype`, float16 by default), its `manifest.json` last."
     path = Path(path); path.mkdir(parents=True, exist_ok=True)
-    (path / MANIFEST).unlink(missing_ok=True)                # a directory being rewritten has no manifest until it is whole
+    (path / MANIFEST).unlink(missing_ok=True)            # a directory being rewritten has no manifest until it is whole
     save_config(models.cfg, path / "config.json")
     models.text.save(path)
     if models.clip_text is not None: models.clip_text.tokenizer.save(str(path / "clip_tokenizer.json"))
@@ -88,7 +90,7 @@ def save_models(path, models: Models, card: str = "", dtype: str | None = "float
     write_manifest(path)
     return path
 
-# %% ../nbs/09_modeldir.ipynb #41ad157e
+# %% ../nbs/09_modeldir.ipynb #8e332233
 _MODEL_SECTIONS, _DTYPES = ("vqgan", "bart", "clip", "dvae", "dalle"), ("float32", "float16", "bfloat16")
 _MAX_LAYERS, _MAX_INT, _MAX_LIST = 1024, 2**20, 64
 
@@ -97,8 +99,10 @@ def _short(v, n: int = 40) -> str:
     r = repr(v)
     return r if len(r) <= n else r[:n] + "…"
 
+# %% ../nbs/09_modeldir.ipynb #9bdacd71
 def _field_problem(name: str, value, default) -> str | None:
-    "What is wrong with config field `name` holding `value`, judged by its default's type and the size limits (None: nothing)."
+    ("What is wrong with config field `name` holding `value`, judged by its default's type and the size limits (None: "
+     "nothing).")
     number = isinstance(value, (int, float)) and not isinstance(value, bool)
     if isinstance(default, bool) and not isinstance(value, bool): return f"must be true or false, got {_short(value)}"
     if isinstance(default, int) and not isinstance(default, bool) and not (number and isinstance(value, int)):
@@ -110,17 +114,22 @@ def _field_problem(name: str, value, default) -> str | None:
     if isinstance(default, str) and field in ("dtype", "param_dtype") and value not in _DTYPES:
         return f"must be one of {', '.join(_DTYPES)}, got {_short(value)}"
     if isinstance(default, tuple):
-        if not isinstance(value, (list, tuple)) or len(value) > _MAX_LIST: return f"must be a list of at most {_MAX_LIST} values, got {_short(value)}"
+        if not isinstance(value, (list, tuple)) or len(value) > _MAX_LIST:
+            return f"must be a list of at most {_MAX_LIST} values, got {_short(value)}"
         return next((p for v in value if (p := _field_problem(name, v, default[0] if default else 0))), None)
     top = _MAX_LAYERS if any(w in field for w in ("layers", "blocks", "blk", "group_count")) else _MAX_INT
     if number and name.split(".")[0] in _MODEL_SECTIONS and isinstance(value, int) and abs(value) > top:
-        return f"is {value:,}, beyond any model this package builds (at most {top:,}); the file is damaged or not a model's config"
+        return (f"is {value:,}, beyond any model this package builds (at most {top:,}); the file is damaged or not a "
+                "model's config")
     return None
 
+# %% ../nbs/09_modeldir.ipynb #41ad157e
 def check_config_dict(d, where: str = "config.json", default=None, prefix: str = ""):
-    "Refuse (`ModelDirError`, one line naming the field) a raw config dict whose fields have the wrong type, are not finite or absurdly large."
+    ("Refuse (`ModelDirError`, one line naming the field) a raw config dict whose fields have the wrong type, are not "
+     "finite or absurdly large.")
     default = RunConfig() if default is None else default
-    if not isinstance(d, dict): raise ModelDirError(f"{where}: {prefix.rstrip('.') or 'the config'} must be a JSON object, got {_short(d)}")
+    if not isinstance(d, dict):
+        raise ModelDirError(f"{where}: {prefix.rstrip('.') or 'the config'} must be a JSON object, got {_short(d)}")
     for k, v in d.items():
         if not hasattr(default, k): continue                     # unknown fields: `from_dict` names them
         dv = getattr(default, k)
@@ -130,7 +139,8 @@ def check_config_dict(d, where: str = "config.json", default=None, prefix: str =
 
 # %% ../nbs/09_modeldir.ipynb #4c06de96
 def _read_config(path: Path, unrolled: bool = False) -> RunConfig:
-    "The config of model directory `path`, after checking its fields and that every file it needs is there (`ModelDirError` if not)."
+    ("The config of model directory `path`, after checking its fields and that every file it needs is there "
+     "(`ModelDirError` if not).")
     if not path.is_dir(): raise ModelDirError(f"model directory {path} does not exist")
     missing = [f for f in MODEL_FILES[:2] if not (path / f).exists()]
     if missing: raise ModelDirError(f"model directory {path} is missing {', '.join(missing)}")
@@ -140,7 +150,8 @@ def _read_config(path: Path, unrolled: bool = False) -> RunConfig:
         if unrolled: cfg = replace(cfg, bart=replace(cfg.bart, scan_layers=False))
     except ModelDirError: raise
     except json.JSONDecodeError as e: raise ModelDirError(f"{path / 'config.json'}: not valid JSON ({e})") from None
-    except (TypeError, ValueError, ArithmeticError, OSError) as e: raise ModelDirError(f"{path / 'config.json'}: {e}") from None
+    except (TypeError, ValueError, ArithmeticError, OSError) as e:
+        raise ModelDirError(f"{path / 'config.json'}: {e}") from None
     missing = [f for f in required_files(cfg) if not (path / f).exists()]
     if missing: raise ModelDirError(f"model directory {path} is missing {', '.join(missing)}")
     return cfg
@@ -151,31 +162,9 @@ def _load_weights(path: Path, cfg: RunConfig, serve: bool = False, quantize: str
     build = lambda cls, c: abstract_module(lambda: cls(c, rngs=nnx.Rngs(0)))
     # the models the config names are required (checked by `_read_config`); the others are loaded when present
     how = lambda n: dict(serve=serve, quantize=quantize) if n in ("bart", "dalle") else {}
-    return {n: load_params(build(cls, getattr(cfg, n)), path / f"{n}.msgpack", **how(n)) if (path / f"{n}.msgpack").exists() else None
+    return {n: load_params(build(cls, getattr(cfg, n)), path / f"{n}.msgpack", **how(n))
+            if (path / f"{n}.msgpack").exists() else None
             for n, cls in _CLASSES.items()}
-
-def load_models(path=None, unrolled: bool = False, serve: bool = False, quantize: str | None = None) -> Models:
-    "Load a model directory (default: the shipped shapes model); one clear `ModelDirError` for anything wrong.\n\n"
-    "`unrolled`: the BART's layers as a list, whatever the directory stores (faster token steps: what `Pipeline` loads).\n\n"
-    "`serve`: the transformer's `Linear` layers read straight into their serving form, weights as `quantize` says (`Linear.serve`).\n\n"
-    "The files are checked against `manifest.json` and the tensors for NaN/inf, once per change of the files (`verify_model_dir`)."
-    path = Path(path) if path is not None else default_model_dir()
-    cfg = _read_config(path, unrolled)
-    remembered = _remembered(path)
-    try:
-        files = None if remembered else check_manifest(path)            # before reading: a damaged file is named as such
-        text = TextEncoder.load(path / "tokenizer.json", max_len=cfg.text_len, normalizer=cfg.bart.text_normalizer)
-        clip_text = (TextEncoder.load(path / "clip_tokenizer.json", max_len=cfg.clip.text_len, normalizer="none")
-                     if (path / "clip_tokenizer.json").exists() else None)
-        if text.vocab_size > cfg.text_vocab:
-            raise ModelDirError(f"{path / 'tokenizer.json'}: {text.vocab_size} tokens but the {'BART' if cfg.arch == 'bart' else 'DALL·E transformer'} reads only {cfg.text_vocab}")
-        loaded = _load_weights(path, cfg, serve, quantize)
-        if not remembered: check_finite(loaded, path); _remember(path, files)
-    except (ValueError, FileNotFoundError, OSError) as e:
-        if isinstance(e, ModelDirError): raise
-        raise ModelDirError(f"model directory {path}: {e}") from None
-    card = (path / "MODEL_CARD.md").read_text() if (path / "MODEL_CARD.md").exists() else ""
-    return Models(cfg, text, loaded["vqgan"], loaded["bart"], loaded["clip"], path, card, clip_text, loaded["dvae"], loaded["dalle"])
 
 # %% ../nbs/09_modeldir.ipynb #19c2ef16
 def _materialise(abstract):
@@ -199,7 +188,8 @@ def _write_json(path: Path, obj):
     with atomic_path(path) as tmp: tmp.write_text(json.dumps(obj, indent=1))
 
 def _loaded(name: str) -> bool:
-    "Whether `load_models` reads file `name` (what the manifest covers; a model card or a history can be edited freely)."
+    ("Whether `load_models` reads file `name` (what the manifest covers; a model card or a history can be edited "
+     "freely).")
     return name in ("config.json", "tokenizer.json", "clip_tokenizer.json") or name.endswith(".msgpack")
 
 def write_manifest(path) -> Path:
@@ -220,16 +210,19 @@ def _stamp(path: Path, names) -> dict:
     return {n: [(s := (path / n).stat()).st_size, s.st_mtime_ns] for n in [*names, MANIFEST]}
 
 def check_manifest(path) -> dict | None:
-    "Check every file `manifest.json` lists in `path` (present, same size, same SHA-256); its files dict, None if it has none."
+    ("Check every file `manifest.json` lists in `path` (present, same size, same SHA-256); its files dict, None if it "
+     "has none.")
     path = Path(path)
     if not (path / MANIFEST).exists(): return None
     try: files = json.loads((path / MANIFEST).read_text())["files"]; assert isinstance(files, dict)
-    except (ValueError, KeyError, TypeError, AssertionError): raise ModelDirError(f"{path / MANIFEST}: not a readable manifest") from None
+    except (ValueError, KeyError, TypeError, AssertionError):
+        raise ModelDirError(f"{path / MANIFEST}: not a readable manifest") from None
     for name, want in files.items():
         p = path / name
         if not p.is_file(): raise ModelDirError(f"model directory {path}: {name} is listed in {MANIFEST} but missing")
         if p.stat().st_size != want.get("size") or _sha256(p) != want.get("sha256"):
-            raise ModelDirError(f"model directory {path}: {name} does not match its checksum in {MANIFEST} (changed or damaged "
+            raise ModelDirError(f"model directory {path}: {name} does not match its checksum in {MANIFEST} (changed or "
+                                "damaged "
                                 f"since it was written); restore the file (copy, download or convert it again)")
     return files
 
@@ -242,13 +235,17 @@ def check_finite(models: dict, path) -> None:
             a = np.asarray(x)
             if np.issubdtype(a.dtype, np.floating) or a.dtype.name == "bfloat16":
                 if not np.isfinite(a).all():
-                    where = "/".join(str(k.key if hasattr(k, "key") else k.idx) for k in keys if hasattr(k, "key") or hasattr(k, "idx"))
-                    raise ModelDirError(f"model directory {path}: {name}.msgpack holds non-finite values (NaN or inf) in "
-                                        f"{where}; the weights are damaged")
+                    where = "/".join(str(k.key if hasattr(k, "key") else k.idx) for k in keys
+                                     if hasattr(k, "key") or hasattr(k, "idx"))
+                    raise ModelDirError(f"model directory {path}: {name}.msgpack holds non-finite values (NaN or inf) "
+                                        f"in {where}; the weights are damaged")
 
+# %% ../nbs/09_modeldir.ipynb #6efa4aeb
 def _remembered(path: Path) -> bool:
     "Whether the cache holds `path` as verified with every file in its manifest still of the same size and time."
-    try: return json.loads(_cache_file().read_text()).get(str(path.resolve())) == _stamp(path, json.loads((path / MANIFEST).read_text())["files"])
+    try:
+        seen = json.loads(_cache_file().read_text()).get(str(path.resolve()))
+        return seen == _stamp(path, json.loads((path / MANIFEST).read_text())["files"])
     except (OSError, ValueError, KeyError, TypeError, AttributeError): return False
 
 def _remember(path: Path, files) -> None:
@@ -258,11 +255,14 @@ def _remember(path: Path, files) -> None:
     try: seen = json.loads(cache.read_text()) if cache.exists() else {}
     except (OSError, ValueError): seen = {}
     seen = {k: v for k, v in seen.items() if isinstance(seen, dict) and Path(k).is_dir()}
-    try: cache.parent.mkdir(parents=True, exist_ok=True); _write_json(cache, {**seen, str(path.resolve()): _stamp(path, files)})
+    try:
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        _write_json(cache, {**seen, str(path.resolve()): _stamp(path, files)})
     except OSError: pass                                                  # a read-only cache: verified again next time
 
 def verify_model_dir(path, models: dict | None = None, full: bool = False) -> str:
-    "Check `path`'s files against its manifest (and `models`' tensors for NaN/inf) unless remembered unchanged (`full`: always)."
+    ("Check `path`'s files against its manifest (and `models`' tensors for NaN/inf) unless remembered unchanged "
+     "(`full`: always).")
     path = Path(path)
     if not full and _remembered(path): return "remembered"
     files = check_manifest(path)
@@ -270,20 +270,54 @@ def verify_model_dir(path, models: dict | None = None, full: bool = False) -> st
     _remember(path, files)
     return "no manifest" if files is None else "verified"
 
+# %% ../nbs/09_modeldir.ipynb #869ca900
+def load_models(path=None, unrolled: bool = False, serve: bool = False, quantize: str | None = None) -> Models:
+    "Load a model directory (default: the shipped shapes model); one clear `ModelDirError` for anything wrong.\n\n"
+    ("`unrolled`: the BART's layers as a list, whatever the directory stores (faster token steps: what `Pipeline` "
+     "loads).\n\n")
+    ("`serve`: the transformer's `Linear` layers read straight into their serving form, weights as `quantize` says "
+     "(`Linear.serve`).\n\n")
+    ("The files are checked against `manifest.json` and the tensors for NaN/inf, once per change of the files "
+     "(`verify_model_dir`).")
+    path = Path(path) if path is not None else default_model_dir()
+    cfg = _read_config(path, unrolled)
+    remembered = _remembered(path)
+    try:
+        files = None if remembered else check_manifest(path)           # before reading: a damaged file is named as such
+        text = TextEncoder.load(path / "tokenizer.json", max_len=cfg.text_len, normalizer=cfg.bart.text_normalizer)
+        clip_text = (TextEncoder.load(path / "clip_tokenizer.json", max_len=cfg.clip.text_len, normalizer="none")
+                     if (path / "clip_tokenizer.json").exists() else None)
+        if text.vocab_size > cfg.text_vocab:
+            raise ModelDirError(f"{path / 'tokenizer.json'}: {text.vocab_size} tokens but the "
+                                f"{'BART' if cfg.arch == 'bart' else 'DALL·E transformer'} reads only {cfg.text_vocab}")
+        loaded = _load_weights(path, cfg, serve, quantize)
+        if not remembered: check_finite(loaded, path); _remember(path, files)
+    except (ValueError, FileNotFoundError, OSError) as e:
+        if isinstance(e, ModelDirError): raise
+        raise ModelDirError(f"model directory {path}: {e}") from None
+    card = (path / "MODEL_CARD.md").read_text() if (path / "MODEL_CARD.md").exists() else ""
+    return Models(cfg, text, loaded["vqgan"], loaded["bart"], loaded["clip"], path, card, clip_text, loaded["dvae"],
+                  loaded["dalle"])
+
 # %% ../nbs/09_modeldir.ipynb #15c99096
 def micro_config() -> tuple[RunConfig, TextEncoder]:
-    "The micro models' run config and tokenizer (16×16 images, 16 tokens): the one definition every micro model set uses."
+    ("The micro models' run config and tokenizer (16×16 images, 16 tokens): the one definition every micro model set "
+     "uses.")
     from dalle_nb.config import VQGANConfig, BartConfig, CLIPConfig
     from dalle_nb.text import train_tokenizer
-    caps = ["a red circle", "a blue square above a green triangle", "a small yellow triangle", "a large cyan circle"] * 5
+    caps = ["a red circle", "a blue square above a green triangle", "a small yellow triangle",
+            "a large cyan circle"] * 5
     text = TextEncoder(train_tokenizer(caps, vocab_size=280), max_len=12)
     cfg = RunConfig(name="micro",
                     vqgan=VQGANConfig(resolution=16, ch=8, ch_mult=(1, 2, 2), num_res_blocks=1, attn_resolutions=(4,),
                                       z_channels=8, embed_dim=4, n_embed=32, norm_groups=4),
-                    bart=BartConfig(text_vocab=text.vocab_size, image_codes=32, image_vocab=32, max_text_len=12, image_len=16,
+                    bart=BartConfig(text_vocab=text.vocab_size, image_codes=32, image_vocab=32, max_text_len=12,
+                                    image_len=16,
                                     d_model=32, encoder_layers=1, decoder_layers=2, heads=4, glu_dim=48),
-                    clip=CLIPConfig(embed_dim=16, image_size=16, patch_size=4, vision_width=32, vision_layers=1, vision_heads=4,
-                                    vision_mlp=64, text_vocab=text.vocab_size, text_len=12, text_width=32, text_layers=1,
+                    clip=CLIPConfig(embed_dim=16, image_size=16, patch_size=4, vision_width=32, vision_layers=1,
+                                    vision_heads=4,
+                                    vision_mlp=64, text_vocab=text.vocab_size, text_len=12, text_width=32,
+                                    text_layers=1,
                                     text_heads=4, text_mlp=64))
     return cfg, text
 

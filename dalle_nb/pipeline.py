@@ -13,7 +13,8 @@ import numpy as np
 import jax, jax.numpy as jnp
 from flax import nnx
 from fastcore.basics import patch
-from .images import image_grid, save_png, png_text, to_uint8, to_float, load_image, center_crop_resize, ImageFileError, remove_stale_temps
+from .images import (image_grid, save_png, png_text, to_uint8, to_float, load_image, center_crop_resize,
+                             ImageFileError, remove_stale_temps)
 from .modeldir import Models, load_models, default_model_dir
 from .clip import clip_scores
 from .sample import generate as sample_tokens, generate_steps, row_keys, state_bytes
@@ -42,12 +43,14 @@ _RANGES = {  # setting: (whole number?, lowest, highest (None: no limit), lowest
     "every": (True, 1, None, False), "batch_size": (True, 1, None, False), "max_memory": (False, 0, None, True)}
 
 def check_setting(name: str, value, high=None):
-    "`value` of setting `name` as an int or a finite float inside its range (`high` overrides the top), else `SettingError`."
+    ("`value` of setting `name` as an int or a finite float inside its range (`high` overrides the top), else "
+     "`SettingError`.")
     whole, lo, hi, lo_open = _RANGES[name]
     hi = hi if high is None else high
     if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
         raise SettingError(name, f"must be a {'whole' if whole else 'finite'} number, got {reprlib.repr(value)}")
-    if whole and not isinstance(value, (int, np.integer)): raise SettingError(name, f"must be a whole number, got {reprlib.repr(value)}")
+    if whole and not isinstance(value, (int, np.integer)):
+        raise SettingError(name, f"must be a whole number, got {reprlib.repr(value)}")
     if not math.isfinite(value): raise SettingError(name, f"must be a finite number, got {value}")
     if (value <= lo if lo_open else value < lo) or (hi is not None and value > hi):
         span = f"{'>' if lo_open else '>='} {lo}" if hi is None else f"in {'(' if lo_open else '['}{lo}, {hi}]"
@@ -56,8 +59,10 @@ def check_setting(name: str, value, high=None):
 
 # %% ../nbs/10_pipeline.ipynb #d0b588de
 def serving_models(models: Models | str | Path | None, quantize: str | None = None) -> Models:
-    "`models` (or a directory, loaded with its layers unrolled) with the transformer in its serving form; given `Models` are not changed."
-    if not isinstance(models, Models): models = load_models(models, unrolled=True, serve=True, quantize=quantize)   # no float32 copy first
+    ("`models` (or a directory, loaded with its layers unrolled) with the transformer in its serving form; given "
+     "`Models` are not changed.")
+    # no float32 copy first
+    if not isinstance(models, Models): models = load_models(models, unrolled=True, serve=True, quantize=quantize)
     elif any(getattr(m, "served", False) for _, m in nnx.iter_graph(models.transformer)): return models
     else: models = replace(models, **{"dalle" if models.cfg.arch == "dalle" else "bart": nnx.clone(models.transformer)})
     serve_all(models.transformer, quantize)
@@ -71,29 +76,35 @@ class Pipeline:
     "Text → ranked images with a loaded model directory."
     def __init__(self, models: Models | str | Path | None = None, batch_size: int = 16, quantize: str | None = None,
                  cache: str | None = None):
-        "`models`: loaded `Models`, a model directory, or a published set's name (`'mega'`, `dalle_nb.hub`), fetched and converted on first use.\n\n"
-        "`quantize`: the text→image transformer's weights as float32 (`None`), `'bfloat16'` or `'int8'` (`Linear.serve`);\n\n"
+        ("`models`: loaded `Models`, a model directory, or a published set's name (`'mega'`, `dalle_nb.hub`), fetched "
+         "and converted on first use.\n\n")
+        ("`quantize`: the text→image transformer's weights as float32 (`None`), `'bfloat16'` or `'int8'` "
+         "(`Linear.serve`);\n\n")
         "`cache`: its decode cache, one of `CACHE_DTYPES` (`None`: this backend's default, `sample.DEFAULT_LAYOUT`)."
-        if quantize not in QUANTIZE: raise SettingError("quantize", f"must be one of {', '.join(map(str, QUANTIZE))}; got {quantize!r}")
-        if cache not in (None, *CACHE_DTYPES): raise SettingError("cache", f"must be one of {', '.join(CACHE_DTYPES)}; got {cache!r}")
+        if quantize not in QUANTIZE:
+            raise SettingError("quantize", f"must be one of {', '.join(map(str, QUANTIZE))}; got {quantize!r}")
+        if cache not in (None, *CACHE_DTYPES):
+            raise SettingError("cache", f"must be one of {', '.join(CACHE_DTYPES)}; got {cache!r}")
         from dalle_nb.hub import is_published, published, model_dir
         hub_name = published(models).name if is_published(models) else None
         if hub_name: models = model_dir(hub_name)                  # HubError (one line) when it cannot be fetched
         self.models, self.quantize, self.cache = serving_models(models, quantize), quantize, cache
         self.cfg, self.batch_size = self.models.cfg, check_setting("batch_size", batch_size)
-        jit = lambda f: nnx.jit(f, graph_updates=False)       # the models are read only: no copy of them out of each call
+        jit = lambda f: nnx.jit(f, graph_updates=False)     # the models are read only: no copy of them out of each call
         self._decode = jit(lambda m, ids: m.decode(ids))
         self._encode = jit(lambda m, x: m.encode(x))
         self._score = jit(clip_scores) if self.models.clip is not None else None
         path = self.models.path
-        self.name = hub_name or ("shipped" if path is not None and Path(path).resolve() == default_model_dir().resolve() else str(path))
+        self.name = hub_name or ("shipped" if path is not None
+                                 and Path(path).resolve() == default_model_dir().resolve() else str(path))
 
 # %% ../nbs/10_pipeline.ipynb #b904f844
 @patch
 def encode_prompt(self: Pipeline, prompt: str) -> np.ndarray:
     "Text ids `[1, max_text_len]` of `prompt`; `PromptError` if nothing is left after normalisation."
     if not isinstance(prompt, str): raise PromptError(f"prompt must be a string, got {type(prompt).__name__}")
-    if not self.models.text.normalize(prompt).strip(): raise PromptError("the prompt is empty (after removing emoji, control characters and spaces)")
+    if not self.models.text.normalize(prompt).strip():
+        raise PromptError("the prompt is empty (after removing emoji, control characters and spaces)")
     ids = np.asarray(self.models.text([prompt]))
     n_full = len(self.models.text.tokenizer.encode(self.models.text.normalize(prompt)).ids)
     if n_full > ids.shape[1]:
@@ -103,12 +114,15 @@ def encode_prompt(self: Pipeline, prompt: str) -> np.ndarray:
 # %% ../nbs/10_pipeline.ipynb #fb8fed00
 @patch
 def encode_negative(self: Pipeline, negative: str | None, cond_scale: float) -> np.ndarray | None:
-    "Text ids `[1, S]` of a negative prompt (None for none or an empty one); it needs super conditioning (`cond_scale` ≠ 1)."
+    ("Text ids `[1, S]` of a negative prompt (None for none or an empty one); it needs super conditioning "
+     "(`cond_scale` ≠ 1).")
     if negative is None or (isinstance(negative, str) and not negative.strip()): return None
-    if cond_scale == 1: raise SettingError("negative", "needs super conditioning (cond_scale other than 1): it is the caption of the unconditional rows")
+    if cond_scale == 1:
+        raise SettingError("negative",
+                           "needs super conditioning (cond_scale other than 1): it is the caption of the unconditional "
+                           "rows")
     try: return self.encode_prompt(negative)
     except PromptError as e: raise SettingError("negative", f"prompt cannot be used: {e}") from None
-
 
 # %% ../nbs/10_pipeline.ipynb #0d29f8fe
 @patch(as_prop=True)
@@ -130,13 +144,15 @@ def row_tokens(self: Pipeline) -> int:
 @patch
 def decode(self: Pipeline, tokens) -> np.ndarray:
     "Images in [0, 1] for token ids `[n, image_len]`, decoded by the image tokenizer (VQGAN or dVAE)."
-    return np.concatenate([np.asarray(self._decode(self.models.image_tokenizer, jnp.asarray(tokens[i:i + self.batch_size])))
+    return np.concatenate([np.asarray(self._decode(self.models.image_tokenizer,
+                                                   jnp.asarray(tokens[i:i + self.batch_size])))
                            for i in range(0, len(tokens), self.batch_size)])
 
 @patch
 def score(self: Pipeline, images, text_ids) -> np.ndarray:
     "CLIP scores of `images` against one prompt's ids."
-    return np.concatenate([np.asarray(self._score(self.models.clip, jnp.asarray(images[i:i + self.batch_size]), jnp.asarray(text_ids)))
+    return np.concatenate([np.asarray(self._score(self.models.clip, jnp.asarray(images[i:i + self.batch_size]),
+                                                  jnp.asarray(text_ids)))
                            for i in range(0, len(images), self.batch_size)])
 
 # %% ../nbs/10_pipeline.ipynb #f9a2ca50
@@ -147,33 +163,40 @@ def settings(self: Pipeline, n=None, rerank=None, cond_scale=None, seed=0, tempe
     s, pick = self.cfg.sample, (lambda v, default: default if v is None else v)
     out = dict(n=check_setting("n", pick(n, s.n_candidates)))
     out["rerank"] = check_setting("rerank", pick(rerank, min(s.rerank, out["n"])), high=out["n"])
-    if out["rerank"] and self.models.clip is None: raise SettingError("rerank", "must be 0: this model directory has no CLIP")
+    if out["rerank"] and self.models.clip is None:
+        raise SettingError("rerank", "must be 0: this model directory has no CLIP")
     out.update(seed=check_setting("seed", seed), cond_scale=check_setting("cond_scale", pick(cond_scale, s.cond_scale)),
                temperature=check_setting("temperature", pick(temperature, s.temperature)),
                top_k=check_setting("top_k", pick(top_k, s.top_k), high=self.cfg.model_cfg.image_codes),
-               top_p=check_setting("top_p", pick(top_p, s.top_p)), plausibility=check_setting("plausibility", pick(plausibility, s.plausibility)))
+               top_p=check_setting("top_p", pick(top_p, s.top_p)),
+               plausibility=check_setting("plausibility", pick(plausibility, s.plausibility)))
     return out
 
 # %% ../nbs/10_pipeline.ipynb #a50097f0
 @patch
 def encode_image(self: Pipeline, image) -> np.ndarray:
-    "Token ids `[1, image_len]` of one image (uint8 or [0, 1] float `[H, W, 3]`, or an image file), resized to the tokenizer's resolution."
+    ("Token ids `[1, image_len]` of one image (uint8 or [0, 1] float `[H, W, 3]`, or an image file), resized to the "
+     "tokenizer's resolution.")
     res = self.models.cfg.tokenizer_cfg.resolution
     if isinstance(image, (str, Path)):
         try: img = load_image(image)
         except ImageFileError as e: raise SettingError("image_prompt", f"cannot be read: {e}") from None
     else: img = np.asarray(image)
-    if img.ndim != 3 or img.shape[-1] != 3: raise SettingError("image_prompt", f"must be an RGB image: expected an [H, W, 3] array, got shape {img.shape}")
-    if min(img.shape[:2]) < 8: raise SettingError("image_prompt", f"is too small: {img.shape[1]}×{img.shape[0]} pixels (at least 8×8)")
+    if img.ndim != 3 or img.shape[-1] != 3:
+        raise SettingError("image_prompt", f"must be an RGB image: expected an [H, W, 3] array, got shape {img.shape}")
+    if min(img.shape[:2]) < 8:
+        raise SettingError("image_prompt", f"is too small: {img.shape[1]}×{img.shape[0]} pixels (at least 8×8)")
     if img.dtype != np.uint8:
         if not np.issubdtype(img.dtype, np.floating) or not np.isfinite(img).all() or img.min() < 0 or img.max() > 1:
-            raise SettingError("image_prompt", f"must be uint8, or floats in [0, 1]; got {img.dtype} in [{img.min()}, {img.max()}]")
+            raise SettingError("image_prompt",
+                               f"must be uint8, or floats in [0, 1]; got {img.dtype} in [{img.min()}, {img.max()}]")
     if img.shape[:2] != (res, res): img = center_crop_resize(img, res)
     return np.asarray(self._encode(self.models.image_tokenizer, jnp.asarray(to_float(img))[None]))
 
 @patch
 def image_prompt(self: Pipeline, image, keep_rows: int | None):
-    "`(prefix ids [1, image_len], tokens to keep)` for an image prompt (`(None, 0)` without one); `keep_rows` defaults to half the grid."
+    ("`(prefix ids [1, image_len], tokens to keep)` for an image prompt (`(None, 0)` without one); `keep_rows` "
+     "defaults to half the grid.")
     if image is None:
         if keep_rows: raise SettingError("keep_rows", "needs an image prompt (the image whose top rows are kept)")
         return None, 0
@@ -182,9 +205,12 @@ def image_prompt(self: Pipeline, image, keep_rows: int | None):
 
 # %% ../nbs/10_pipeline.ipynb #bcd239a6
 @patch
-def _batch(self: Pipeline, text_ids, keys, pad_to: int, st: dict, prefix=None, keep: int = 0, every=None, negative_ids=None):
-    "Draw one batch of rows (padded to `pad_to` rows: one compiled shape): yields `(t, ids [rows, t])`, every `every` tokens or once.\n\n"
-    "The unconditional rows of super conditioning read `negative_ids` `[1, S]` (a negative prompt), else the empty caption."
+def _batch(self: Pipeline, text_ids, keys, pad_to: int, st: dict, prefix=None, keep: int = 0, every=None,
+           negative_ids=None):
+    ("Draw one batch of rows (padded to `pad_to` rows: one compiled shape): yields `(t, ids [rows, t])`, every `every` "
+     "tokens or once.\n\n")
+    ("The unconditional rows of super conditioning read `negative_ids` `[1, S]` (a negative prompt), else the empty "
+     "caption.")
     rows, pad = len(text_ids), pad_to - len(text_ids)
     fill = lambda a: np.concatenate([np.asarray(a), np.repeat(np.asarray(a)[:1], pad, 0)]) if pad else a
     keys = jnp.concatenate([keys, jnp.repeat(keys[:1], pad, 0)]) if pad else keys
@@ -195,20 +221,26 @@ def _batch(self: Pipeline, text_ids, keys, pad_to: int, st: dict, prefix=None, k
     if every is None:
         yield self.image_len, np.asarray(sample_tokens(self.models.transformer, fill(text_ids), keys, **kw))[:rows]
         return
-    for t, toks in generate_steps(self.models.transformer, fill(text_ids), keys, every=every, **kw): yield t, toks[:rows]
+    for t, toks in generate_steps(self.models.transformer, fill(text_ids), keys, every=every, **kw):
+        yield t, toks[:rows]
 
+# %% ../nbs/10_pipeline.ipynb #9300398f
 @patch
-def sample(self: Pipeline, text_ids, n: int, seed=0, cond_scale=1.0, temperature=1.0, top_k=0, top_p=1.0, plausibility=0.0,
-           prefix=None, keep: int = 0) -> np.ndarray:
-    "Token ids `[n, image_len]` for one prompt's ids `[1, S]`, in fixed-size chunks; the first `keep` are `prefix`'s `[1, image_len]`."
-    st, keys, bs = dict(cond_scale=cond_scale, temperature=temperature, top_k=top_k, top_p=top_p, plausibility=plausibility), row_keys(seed, n), min(self.batch_size, n)
-    return np.concatenate([list(self._batch(np.repeat(text_ids, len(keys[i:i + bs]), 0), keys[i:i + bs], bs, st, prefix, keep))[-1][1]
+def sample(self: Pipeline, text_ids, n: int, seed=0, cond_scale=1.0, temperature=1.0, top_k=0, top_p=1.0,
+           plausibility=0.0, prefix=None, keep: int = 0) -> np.ndarray:
+    ("Token ids `[n, image_len]` for one prompt's ids `[1, S]`, in fixed-size chunks; the first `keep` are `prefix`'s "
+     "`[1, image_len]`.")
+    st, keys, bs = dict(cond_scale=cond_scale, temperature=temperature, top_k=top_k, top_p=top_p,
+                        plausibility=plausibility), row_keys(seed, n), min(self.batch_size, n)
+    return np.concatenate([list(self._batch(np.repeat(text_ids, len(keys[i:i + bs]), 0), keys[i:i + bs], bs, st, prefix,
+                                            keep))[-1][1]
                            for i in range(0, n, bs)])
 
 # %% ../nbs/10_pipeline.ipynb #34efded7
 @dataclass
 class Step:
-    "One batch of candidates as `Pipeline.stream` yields it: partial pictures while its tokens are drawn, then the finished ones."
+    ("One batch of candidates as `Pipeline.stream` yields it: partial pictures while its tokens are drawn, then the "
+     "finished ones.")
     prompts: np.ndarray                 # [rows] which prompt (index into the list given)
     indices: np.ndarray                 # [rows] candidate index (its seed offset)
     images: np.ndarray                  # [rows, H, W, 3] uint8; patches not yet drawn are grey
@@ -224,7 +256,8 @@ class Step:
 
 @patch
 def decode_partial(self: Pipeline, tokens) -> np.ndarray:
-    "Images in [0, 1] of partly drawn ids `[n, t]`: decoded with the rest filled in, the patches not yet drawn painted grey."
+    ("Images in [0, 1] of partly drawn ids `[n, t]`: decoded with the rest filled in, the patches not yet drawn "
+     "painted grey.")
     n, t = tokens.shape
     full = np.zeros((n, self.image_len), np.int32); full[:, :t] = tokens
     images = self.decode(full).copy()
@@ -234,32 +267,42 @@ def decode_partial(self: Pipeline, tokens) -> np.ndarray:
     images[:, undrawn] = 0.5
     return images
 
+# %% ../nbs/10_pipeline.ipynb #12ca51bc
+@patch
+def _scores(self: Pipeline, images, prompt_of, clip_ids) -> np.ndarray:
+    "CLIP scores of a batch's `images`, each row against its prompt's `clip_ids` (`prompt_of`: each row's prompt)."
+    scores = np.zeros(len(prompt_of), np.float32)
+    for j in np.unique(prompt_of): scores[prompt_of == j] = self.score(images[prompt_of == j], clip_ids[j])
+    return scores
+
 # %% ../nbs/10_pipeline.ipynb #1512e47a
 @patch
-def stream(self: Pipeline, prompts, n=None, rerank=None, cond_scale=None, seed=0, temperature=None, top_k=None, top_p=None,
-           plausibility=None, image_prompt=None, keep_rows=None, every=None, indices=None, pad_to=None, negative=None):
-    "Sample candidates `indices` (default `range(n)`) of one prompt or a list, batch by batch: a `Step` every `every` tokens and when a batch is done."
+def stream(self: Pipeline, prompts, n=None, rerank=None, cond_scale=None, seed=0, temperature=None, top_k=None,
+           top_p=None, plausibility=None, image_prompt=None, keep_rows=None, every=None, indices=None, pad_to=None,
+           negative=None):
+    ("Sample candidates `indices` (default `range(n)`) of one prompt or a list, batch by batch: a `Step` every `every` "
+     "tokens and when a batch is done.")
     prompts = [prompts] if isinstance(prompts, str) else list(prompts)
     st = self.settings(n, rerank, cond_scale, seed, temperature, top_k, top_p, plausibility)
     every = None if every is None else check_setting("every", every)
     prefix, keep = self.image_prompt(image_prompt, keep_rows)
     ids = np.concatenate([self.encode_prompt(p) for p in prompts])
     negative_ids = self.encode_negative(negative, st["cond_scale"])
-    if st["rerank"]: clip_ids = [ids[j:j + 1] if self.models.clip_text is None else self.models.clip_text([p]) for j, p in enumerate(prompts)]
+    if st["rerank"]:
+        clip_ids = [ids[j:j + 1] if self.models.clip_text is None else self.models.clip_text([p])
+                    for j, p in enumerate(prompts)]
     idx = None if indices is None else np.asarray(indices, int)
     per = st["n"] if idx is None else len(idx)
     total = len(prompts) * per                       # rows are made batch by batch: nothing here grows with n
-    bs = pad_to or min(self.batch_size, total)
-    done = 0
+    bs, done = pad_to or min(self.batch_size, total), 0
     for b in range(0, total, bs):
         r = np.arange(b, min(b + bs, total))
         p, i = r // per, (r % per if idx is None else idx[r % per])
         for t, toks in self._batch(ids[p], row_keys(st["seed"], i), bs, st, prefix, keep, every, negative_ids):
-            if t < self.image_len: yield Step(p, i, to_uint8(self.decode_partial(toks)), toks, t, self.image_len, done, total)
-        images, scores = self.decode(toks), None
-        if st["rerank"]:
-            scores = np.zeros(len(p), np.float32)
-            for j in np.unique(p): scores[p == j] = self.score(images[p == j], clip_ids[j])
+            if t < self.image_len:
+                yield Step(p, i, to_uint8(self.decode_partial(toks)), toks, t, self.image_len, done, total)
+        images = self.decode(toks)
+        scores = self._scores(images, p, clip_ids) if st["rerank"] else None
         done += len(p)
         yield Step(p, i, to_uint8(images), toks, t, self.image_len, done, total, scores)
 
@@ -285,11 +328,13 @@ class Result:
         "Everything that made image `rank`: prompt, seed, index, settings, model, package version, its tokens."
         from dalle_nb import __version__
         score = None if self.scores is None else round(float(self.scores[rank]), 5)
-        return dict(prompt=self.prompt, seed=self.settings.get("seed"), index=int(self.indices[rank]), rank=rank, clip_score=score,
-                    settings=self.settings, model=self.model, version=__version__, tokens=[int(t) for t in self.tokens[rank]])
+        return dict(prompt=self.prompt, seed=self.settings.get("seed"), index=int(self.indices[rank]), rank=rank,
+                    clip_score=score, settings=self.settings, model=self.model, version=__version__,
+                    tokens=[int(t) for t in self.tokens[rank]])
 
     def save(self, out_dir) -> list[Path]:
-        "Write each image as `{prompt slug}_seed{seed}_{index}.png` carrying its `record`, best first, then `grid.png`; returns the paths."
+        ("Write each image as `{prompt slug}_seed{seed}_{index}.png` carrying its `record`, best first, then "
+         "`grid.png`; returns the paths.")
         return ImageFolder(out_dir).sync(self)
 
 # %% ../nbs/10_pipeline.ipynb #0b8ea453
@@ -299,7 +344,8 @@ class Best:
         self.k, self.items, self.seen, self.repeats = k, [], set(), 0      # items: (score, index, image, tokens)
 
     def add(self, indices, images, tokens, scores=None):
-        "Take a finished batch's candidates (ranking, one pixel-identical to a candidate seen before counts in `repeats`)."
+        ("Take a finished batch's candidates (ranking, one pixel-identical to a candidate seen before counts in "
+         "`repeats`).")
         scores = [None] * len(indices) if scores is None else [float(s) for s in scores]
         for item in zip(scores, map(int, indices), images, tokens):
             if self.k and item[2].tobytes() in self.seen: self.repeats += 1; continue
@@ -313,22 +359,27 @@ class Best:
         if not self.items: return Result(prompt, np.zeros((0, *shape), np.uint8), None, np.zeros((0, 0), np.int32),
                                          np.zeros(0, int), settings, seconds, model)
         s, i, im, tk = zip(*self.items)
-        return Result(prompt, np.stack(im), None if s[0] is None else np.array(s, np.float32), np.stack(tk), np.array(i),
+        return Result(prompt, np.stack(im), None if s[0] is None else np.array(s, np.float32), np.stack(tk),
+                      np.array(i),
                       settings, seconds, model, self.repeats)
 
 # %% ../nbs/10_pipeline.ipynb #383e2af5
 @patch
 def many(self: Pipeline, prompts, callback=None, **kw) -> list[Result]:
-    "One `Result` per prompt (`stream`'s settings); `callback(step, results)` sees each step (after a finished one, the Results of its prompts, else None; return False to stop)."
+    ("One `Result` per prompt (`stream`'s settings); `callback(step, results)` sees each step (after a finished one, "
+     "the Results of its prompts, else None; return False to stop).")
     t0, prompts = time.perf_counter(), [prompts] if isinstance(prompts, str) else list(prompts)
-    sampling = {k: kw[k] for k in ("n", "rerank", "cond_scale", "seed", "temperature", "top_k", "top_p", "plausibility") if k in kw}
+    sampling = {k: kw[k] for k in ("n", "rerank", "cond_scale", "seed", "temperature", "top_k", "top_p",
+                                   "plausibility") if k in kw}
     st = self.settings(**sampling)
-    if self.quantize: st["quantize"] = self.quantize                                # in every record: `--from` draws with it
+    if self.quantize: st["quantize"] = self.quantize                           # in every record: `--from` draws with it
     if self.cache: st["cache"] = self.cache
     if kw.get("negative"): st["negative"] = kw["negative"]
-    st["batch"] = kw.get("pad_to") or min(self.batch_size, st["n"] * len(prompts) if kw.get("indices") is None else len(kw["indices"]) * len(prompts))
+    st["batch"] = kw.get("pad_to") or min(self.batch_size, st["n"] * len(prompts) if kw.get("indices") is None
+                                          else len(kw["indices"]) * len(prompts))
     if kw.get("image_prompt") is not None:
-        st.update(keep_rows=check_setting("keep_rows", self.grid // 2 if kw.get("keep_rows") is None else kw["keep_rows"], high=self.grid),
+        st.update(keep_rows=check_setting("keep_rows", self.grid // 2 if kw.get("keep_rows") is None
+                                          else kw["keep_rows"], high=self.grid),
                   image_prompt=str(kw["image_prompt"]) if isinstance(kw["image_prompt"], (str, Path)) else "array")
     bests, res = [Best(st["rerank"]) for _ in prompts], self.cfg.tokenizer_cfg.resolution
     results = lambda which: [b.result(p, st, time.perf_counter() - t0, self.name, (res, res, 3)) if j in which else None
@@ -337,18 +388,24 @@ def many(self: Pipeline, prompts, callback=None, **kw) -> list[Result]:
         if step.final:
             for j in np.unique(step.prompts):
                 m = step.prompts == j
-                bests[j].add(step.indices[m], step.images[m], step.tokens[m], None if step.scores is None else step.scores[m])
+                bests[j].add(step.indices[m], step.images[m], step.tokens[m], None if step.scores is None
+                             else step.scores[m])
         if callback is not None and callback(step, results(set(step.prompts)) if step.final else None) is False: break
     return results(range(len(prompts)))
 
 # %% ../nbs/10_pipeline.ipynb #40356e8e
 @patch
-def __call__(self: Pipeline, prompt: str, n=None, rerank=None, cond_scale=None, seed=0, temperature=None, top_k=None, top_p=None,
+def __call__(self: Pipeline, prompt: str, n=None, rerank=None, cond_scale=None, seed=0, temperature=None, top_k=None,
+             top_p=None,
              plausibility=None, image_prompt=None, keep_rows=None, every=None, callback=None, negative=None) -> Result:
-    "Sample `n` candidates for `prompt` (completing the top `keep_rows` token rows of `image_prompt` if given), rank them with CLIP, return the best `rerank`.\n\n"
-    "`negative`: a caption the unconditional rows of super conditioning read instead of the empty one (what not to draw)."
-    return self.many([prompt], callback=callback, n=n, rerank=rerank, cond_scale=cond_scale, seed=seed, temperature=temperature, top_k=top_k,
-                     top_p=top_p, plausibility=plausibility, image_prompt=image_prompt, keep_rows=keep_rows, every=every,
+    ("Sample `n` candidates for `prompt` (completing the top `keep_rows` token rows of `image_prompt` if given), rank "
+     "them with CLIP, return the best `rerank`.\n\n")
+    ("`negative`: a caption the unconditional rows of super conditioning read instead of the empty one (what not to "
+     "draw).")
+    return self.many([prompt], callback=callback, n=n, rerank=rerank, cond_scale=cond_scale, seed=seed,
+                     temperature=temperature, top_k=top_k,
+                     top_p=top_p, plausibility=plausibility, image_prompt=image_prompt, keep_rows=keep_rows,
+                     every=every,
                      negative=negative)[0]
 
 # %% ../nbs/10_pipeline.ipynb #d2d6b7e6
@@ -363,14 +420,17 @@ def roundtrip_table(pipe: Pipeline, k: int = 24, seed: int = 0) -> dict:
             for sz, r in SIZES.items():
                 xy = r + GRID * rng.integers(int(SIZE - 2 * r) // GRID + 1, size=(k, 2))
                 imgs = np.stack([render([Obj(c, s, sz, float(x), float(y), float(r))]) for x, y in xy])
-                ids = np.concatenate([np.asarray(pipe._encode(pipe.models.image_tokenizer, jnp.asarray(to_float(imgs[i:i + pipe.batch_size]))))
+                ids = np.concatenate([np.asarray(pipe._encode(pipe.models.image_tokenizer,
+                                                              jnp.asarray(to_float(imgs[i:i + pipe.batch_size]))))
                                       for i in range(0, k, pipe.batch_size)])
-                out[c, s, sz] = float(np.mean([caption_match(im, f"a {sz} {c} {s}") for im in pipe.decode(ids.reshape(k, -1))]))
+                out[c, s, sz] = float(np.mean([caption_match(im, f"a {sz} {c} {s}")
+                                               for im in pipe.decode(ids.reshape(k, -1))]))
     return out
 
 # %% ../nbs/10_pipeline.ipynb #84b708ff
 def slug(prompt: str, max_len: int = 60) -> str:
-    "A file-name-safe form of `prompt`: ASCII words joined by '-', at most `max_len` characters ('prompt' if none are left)."
+    ("A file-name-safe form of `prompt`: ASCII words joined by '-', at most `max_len` characters ('prompt' if none are "
+     "left).")
     s = unicodedata.normalize("NFKD", str(prompt)).encode("ascii", "ignore").decode().lower()
     s = re.sub(r"[^a-z0-9]+", "-", s).strip("-")[:max_len].rstrip("-")
     return s or "prompt"
@@ -386,87 +446,82 @@ def read_record(path) -> dict:
     try: rec = json.loads(rec)
     except json.JSONDecodeError: raise ValueError(f"{path}: its dalle_nb generation record is not valid JSON") from None
     if not isinstance(rec, dict) or not isinstance(rec.get("settings", {}), dict):
-        raise ValueError(f"{path}: its dalle_nb generation record is not a record (a JSON object with a settings object)")
+        raise ValueError(f"{path}: its dalle_nb generation record is not a record (a JSON object with a settings "
+                         "object)")
     return rec
 
 # %% ../nbs/10_pipeline.ipynb #c49152de
 class ImageFolder:
-    "A folder kept in step with a growing `Result`: new images written, dropped ones deleted, the grid rewritten — this run's files only."
+    ("A folder kept in step with a growing `Result`: new images written, dropped ones deleted, the grid rewritten — "
+     "this run's files only.")
     def __init__(self, out_dir):
-        self.dir, self.files, self.grid_path, self.key = Path(out_dir), {}, None, None   # files: candidate → (rank, path)
-
-    def _adopt(self, r: Result):
-        "Once, at the first sync: take over the files an earlier run of this very request left (the same images); clear dead writers' temporaries."
-        self.key = json.dumps(dict(prompt=r.prompt, settings=r.settings, model=r.model), sort_keys=True)
-        remove_stale_temps(self.dir)
-        for p in sorted(self.dir.glob(f"{slug(r.prompt)}_seed*.png")):
-            try: rec = read_record(p)
-            except (ValueError, ImageFileError): continue                 # not ours to judge, nor to touch
-            key = json.dumps(dict(prompt=rec.get("prompt"), settings=rec.get("settings"), model=rec.get("model")), sort_keys=True)
-            if key == self.key and isinstance(rec.get("index"), int): self.files.setdefault(rec["index"], (rec.get("rank"), p))
-        try: self.grid_path = self.dir / "grid.png" if png_text(self.dir / "grid.png").get("dalle_nb_request") == self.key else None
-        except ImageFileError: pass
+        # files: candidate → (rank, path)
+        self.dir, self.files, self.grid_path, self.key = Path(out_dir), {}, None, None
 
     def _save(self, image, name: str, text: dict, mine: Path | None) -> Path:
-        "Write `image` over `mine` (this run's file), else as `name` or, where another run's file has that name, `stem-2.png`, `-3` …"
+        ("Write `image` over `mine` (this run's file), else as `name` or, where another run's file has that name, "
+         "`stem-2.png`, `-3` …")
         if mine is not None: return save_png(image, mine, text)
         for k in itertools.count(1):
             try: return save_png(image, self.dir / (name if k == 1 else f"{name[:-4]}-{k}.png"), text, replace=False)
             except FileExistsError: pass
 
-    def sync(self, r: Result, grid: bool = True) -> list[Path]:
-        "Bring the folder up to `r`; returns the image paths, best first (then the grid's)."
-        if self.key is None: self._adopt(r)
-        ranks = {int(i): k for k, i in enumerate(r.indices)}
-        for i in set(self.files) - set(ranks): self.files.pop(i)[1].unlink(missing_ok=True)
-        for i, k in ranks.items():
-            if r.scores is None and i in self.files: continue               # unranked: a file on disk never changes
-            if self.files.get(i, (None,))[0] != k or r.scores is not None:   # new, moved, or its score/rank to update
-                rec = r.record(k)
-                text = {"prompt": r.prompt, "seed": rec["seed"], "index": i, "model": r.model, "Software": f"dalle_nb {rec['version']}",
-                        "dalle_nb": json.dumps(rec)}
-                self.files[i] = (k, self._save(r.images[k], image_name(r.prompt, rec["seed"], i), text, self.files.get(i, (0, None))[1]))
-        paths = [self.files[i][1] for i in ranks]
-        return paths + [self._grid(r.grid())] if grid and paths else paths
+# %% ../nbs/10_pipeline.ipynb #ff3d20dd
+@patch
+def _adopt(self: ImageFolder, r: Result):
+    ("Once, at the first sync: take over the files an earlier run of this very request left (the same images); "
+     "clear dead writers' temporaries.")
+    self.key = json.dumps(dict(prompt=r.prompt, settings=r.settings, model=r.model), sort_keys=True)
+    remove_stale_temps(self.dir)
+    for p in sorted(self.dir.glob(f"{slug(r.prompt)}_seed*.png")):
+        try: rec = read_record(p)
+        except (ValueError, ImageFileError): continue                 # not ours to judge, nor to touch
+        key = json.dumps(dict(prompt=rec.get("prompt"), settings=rec.get("settings"), model=rec.get("model")),
+                         sort_keys=True)
+        if key == self.key and isinstance(rec.get("index"), int):
+            self.files.setdefault(rec["index"], (rec.get("rank"), p))
+    try: grid_key = png_text(self.dir / "grid.png").get("dalle_nb_request")
+    except ImageFileError: grid_key = None
+    self.grid_path = self.dir / "grid.png" if grid_key == self.key else None
 
-    def _grid(self, image) -> Path:
-        "Write the grid: `grid.png`, or `grid-2.png` … where another run's grid is."
-        self.grid_path = self._save(image, "grid.png", {"dalle_nb_request": self.key}, self.grid_path)
-        return self.grid_path
+# %% ../nbs/10_pipeline.ipynb #257d8e3a
+@patch
+def sync(self: ImageFolder, r: Result, grid: bool = True) -> list[Path]:
+    "Bring the folder up to `r`; returns the image paths, best first (then the grid's)."
+    if self.key is None: self._adopt(r)
+    ranks = {int(i): k for k, i in enumerate(r.indices)}
+    for i in set(self.files) - set(ranks): self.files.pop(i)[1].unlink(missing_ok=True)
+    for i, k in ranks.items():
+        if r.scores is None and i in self.files: continue               # unranked: a file on disk never changes
+        if self.files.get(i, (None,))[0] != k or r.scores is not None:   # new, moved, or its score/rank to update
+            rec = r.record(k)
+            text = {"prompt": r.prompt, "seed": rec["seed"], "index": i, "model": r.model,
+                    "Software": f"dalle_nb {rec['version']}", "dalle_nb": json.dumps(rec)}
+            self.files[i] = (k, self._save(r.images[k], image_name(r.prompt, rec["seed"], i), text,
+                                           self.files.get(i, (0, None))[1]))
+    paths = [self.files[i][1] for i in ranks]
+    return paths + [self._grid(r.grid())] if grid and paths else paths
 
-    def regrid(self) -> Path | None:
-        "Rewrite the grid from the images on disk, best first (after a `sync` was interrupted); None if there are none."
-        paths = [p for _, p in sorted(self.files.values(), key=lambda rp: (rp[0] is None, rp[0] or 0))][:64]
-        return self._grid(image_grid(np.stack([load_image(p) for p in paths]))) if paths else None
+@patch
+def _grid(self: ImageFolder, image) -> Path:
+    "Write the grid: `grid.png`, or `grid-2.png` … where another run's grid is."
+    self.grid_path = self._save(image, "grid.png", {"dalle_nb_request": self.key}, self.grid_path)
+    return self.grid_path
+
+@patch
+def regrid(self: ImageFolder) -> Path | None:
+    "Rewrite the grid from the images on disk, best first (after a `sync` was interrupted); None if there are none."
+    paths = [p for _, p in sorted(self.files.values(), key=lambda rp: (rp[0] is None, rp[0] or 0))][:64]
+    return self._grid(image_grid(np.stack([load_image(p) for p in paths]))) if paths else None
 
 # %% ../nbs/10_pipeline.ipynb #0a2e3327
-_SAMPLING = ("n", "rerank", "cond_scale", "seed", "temperature", "top_k", "top_p", "plausibility")
-
-@patch
-def regenerate(self: Pipeline, record: dict) -> tuple[Result, bool]:
-    "Draw the image a `record` (`read_record`) describes again, in a batch of the shape it was drawn in: `(result, same tokens?)`."
-    s = record.get("settings", {}) if isinstance(record, dict) else None
-    if not isinstance(s, dict) or not isinstance(record.get("prompt"), str) or "n" not in s or not isinstance(record.get("index"), int):
-        raise ValueError("the generation record lacks its prompt (text), index (a whole number) or settings")
-    try: batch = check_setting("batch_size", 1 if s.get("batch") is None else s["batch"])
-    except SettingError as e: raise ValueError(f"its settings.batch {e.message}") from None
-    self.fits(batch)
-    image = s.get("image_prompt")
-    if image is not None and not isinstance(image, str): raise ValueError("its settings.image_prompt is not a file name")
-    if image == "array": raise ValueError("the image was completed from an image prompt given as an array, which the record does not hold")
-    if image is not None and not Path(image).is_file(): raise ValueError(f"the image prompt it completed, {image}, is not there any more")
-    kw = {k: s[k] for k in _SAMPLING if k in s}
-    r = self.many([record["prompt"]], **{**kw, "rerank": 0}, indices=[int(record["index"])], pad_to=batch,
-                  image_prompt=image, keep_rows=s.get("keep_rows") if image is not None else None,
-                  negative=s.get("negative"))[0]
-    r.settings = {**r.settings, "rerank": kw.get("rerank", 0), "batch": s.get("batch")}
-    return r, [int(t) for t in r.tokens[0]] == list(record.get("tokens", []))
-
 @patch
 def memory_estimate(self: Pipeline, n: int, rerank: int, prompts: int = 1, batch: int | None = None) -> dict:
-    "Rough bytes generation needs: the weights, one batch's decode state and decoded images (×8 for the decoder's features), the candidates kept."
+    ("Rough bytes generation needs: the weights, one batch's decode state and decoded images (×8 for the decoder's "
+     "features), the candidates kept.")
     m = self.models
-    weights = sum(x.nbytes for mod in (m.transformer, m.image_tokenizer, m.clip) if mod is not None for x in jax.tree.leaves(nnx.state(mod)))
+    weights = sum(x.nbytes for mod in (m.transformer, m.image_tokenizer, m.clip) if mod is not None
+                  for x in jax.tree.leaves(nnx.state(mod)))
     bs, res = batch or min(self.batch_size, n * prompts), self.cfg.tokenizer_cfg.resolution
     per_batch = 2 * state_bytes(m.transformer, bs, cache=self.cache) + 8 * bs * res * res * 3 * 4 * 8
     kept = prompts * (rerank or n) * (res * res * 3 + 4 * self.image_len)
@@ -474,7 +529,8 @@ def memory_estimate(self: Pipeline, n: int, rerank: int, prompts: int = 1, batch
 
 # %% ../nbs/10_pipeline.ipynb #1e8ef060
 def available_memory() -> int | None:
-    "Bytes still free: the first device's unused memory on an accelerator, else the host's `MemAvailable` (None if unknown)."
+    ("Bytes still free: the first device's unused memory on an accelerator, else the host's `MemAvailable` (None if "
+     "unknown).")
     d = jax.devices()[0]
     stats = d.memory_stats() if d.platform != "cpu" else None
     if stats and "bytes_limit" in stats: return int(stats["bytes_limit"] - stats.get("bytes_in_use", 0))
@@ -483,7 +539,8 @@ def available_memory() -> int | None:
 
 @patch
 def batch_for(self: Pipeline, n: int, rerank: int, prompts: int = 1, limit: float | None = None) -> int:
-    "The largest batch (`batch_size`, halved) whose estimate fits `limit` bytes (default: free memory beside the loaded weights)."
+    ("The largest batch (`batch_size`, halved) whose estimate fits `limit` bytes (default: free memory beside the "
+     "loaded weights).")
     free = limit is None
     limit = available_memory() if free else check_setting("max_memory", limit)
     bs = min(self.batch_size, n * prompts)
@@ -492,19 +549,61 @@ def batch_for(self: Pipeline, n: int, rerank: int, prompts: int = 1, limit: floa
         est = self.memory_estimate(n, rerank, prompts, batch=bs)
         need = est["total"] - est["weights"] if free else est["total"]
         if need <= limit: return bs
-        if bs == 1 and free: raise SettingError("n", f"is too large for the free memory: even one image at a time, {n * prompts} "
-                                                f"image(s) need about {need / 2**20:,.0f} MiB besides the weights and {limit / 2**20:,.0f} MiB are free")
-        if bs == 1: raise SettingError("max_memory", f"is not enough: one image at a time needs about {need / 2**20:,.0f} MiB, "
-                                       f"and {limit / 2**20:,.0f} MiB are allowed")
+        if bs == 1 and free:
+            raise SettingError("n", f"is too large for the free memory: even one image at a time, {n * prompts} "
+                               f"image(s) need about {need / 2**20:,.0f} MiB besides the weights and "
+                               f"{limit / 2**20:,.0f} MiB are free")
+        if bs == 1:
+            raise SettingError("max_memory", f"is not enough: one image at a time needs about {need / 2**20:,.0f} MiB, "
+                               f"and {limit / 2**20:,.0f} MiB are allowed")
         bs = max(1, bs // 2)
 
+# %% ../nbs/10_pipeline.ipynb #d4520971
 @patch
 def fits(self: Pipeline, batch: int, n: int = 1, rerank: int = 0, prompts: int = 1):
-    "`SettingError` (naming `batch`) unless a batch of `batch` rows fits the free memory beside the weights — before anything is drawn."
+    ("`SettingError` (naming `batch`) unless a batch of `batch` rows fits the free memory beside the weights — before "
+     "anything is drawn.")
     est, free = self.memory_estimate(n, rerank, prompts, batch=batch), available_memory()
     need = est["total"] - est["weights"]
     if free is not None and need > free:
-        raise SettingError("batch", f"of {batch:,} row(s) needs about {need / 2**20:,.0f} MiB and {free / 2**20:,.0f} MiB are free")
+        raise SettingError("batch",
+                           f"of {batch:,} row(s) needs about {need / 2**20:,.0f} MiB and {free / 2**20:,.0f} MiB are "
+                           "free")
+
+# %% ../nbs/10_pipeline.ipynb #67e10741
+_SAMPLING = ("n", "rerank", "cond_scale", "seed", "temperature", "top_k", "top_p", "plausibility")
+
+def _record_settings(record) -> tuple[dict, int, str | None]:
+    "A generation record's settings, the batch it was drawn in and its image prompt's file; `ValueError` if unusable."
+    s = record.get("settings", {}) if isinstance(record, dict) else None
+    if not (isinstance(s, dict) and isinstance(record.get("prompt"), str) and "n" in s
+            and isinstance(record.get("index"), int)):
+        raise ValueError("the generation record lacks its prompt (text), index (a whole number) or settings")
+    try: batch = check_setting("batch_size", 1 if s.get("batch") is None else s["batch"])
+    except SettingError as e: raise ValueError(f"its settings.batch {e.message}") from None
+    image = s.get("image_prompt")
+    if image is not None and not isinstance(image, str):
+        raise ValueError("its settings.image_prompt is not a file name")
+    if image == "array":
+        raise ValueError("the image was completed from an image prompt given as an array, which the record does not "
+                         "hold")
+    if image is not None and not Path(image).is_file():
+        raise ValueError(f"the image prompt it completed, {image}, is not there any more")
+    return s, batch, image
+
+# %% ../nbs/10_pipeline.ipynb #11889c77
+@patch
+def regenerate(self: Pipeline, record: dict) -> tuple[Result, bool]:
+    ("Draw the image a `record` (`read_record`) describes again, in a batch of the shape it was drawn in: `(result, "
+     "same tokens?)`.")
+    s, batch, image = _record_settings(record)
+    self.fits(batch)
+    kw = {k: s[k] for k in _SAMPLING if k in s}
+    r = self.many([record["prompt"]], **{**kw, "rerank": 0}, indices=[int(record["index"])], pad_to=batch,
+                  image_prompt=image, keep_rows=s.get("keep_rows") if image is not None else None,
+                  negative=s.get("negative"))[0]
+    r.settings = {**r.settings, "rerank": kw.get("rerank", 0), "batch": s.get("batch")}
+    return r, [int(t) for t in r.tokens[0]] == list(record.get("tokens", []))
 
 # %% ../nbs/10_pipeline.ipynb #fc4239cf
 def show_completions(pipe: Pipeline, image, completions: dict, keep_rows: int, title: str = ""):
@@ -530,5 +629,6 @@ def generate(prompt: str, out: str | Path, n: int = 8, rerank: int | None = None
 
 # %% ../nbs/10_pipeline.ipynb #203f9a1f
 def widget(pipe: Pipeline | str | Path | None = None):
-    "The ipywidgets panel (`dalle_nb.widget.panel`) for `pipe`: a `Pipeline`, a model directory or a published name (`'mega'`); default the shipped model."
+    ("The ipywidgets panel (`dalle_nb.widget.panel`) for `pipe`: a `Pipeline`, a model directory or a published name "
+     "(`'mega'`); default the shipped model.")
     return panel(pipe if isinstance(pipe, Pipeline) else Pipeline(pipe))

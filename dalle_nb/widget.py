@@ -28,19 +28,20 @@ def _uploaded(upload):
     from PIL import Image, UnidentifiedImageError
     item = upload.value[0] if isinstance(upload.value, (tuple, list)) else next(iter(upload.value.values()))
     try: return np.asarray(Image.open(io.BytesIO(bytes(item["content"]))).convert("RGB"))
-    except (UnidentifiedImageError, OSError): raise ValueError(f"image_prompt cannot be read: {item.get('name', 'the upload')} is not an image") from None
+    except (UnidentifiedImageError, OSError):
+        raise ValueError(f"image_prompt cannot be read: {item.get('name', 'the upload')} is not an image") from None
 
-# %% ../nbs/10a_widget.ipynb #86d2f6d6
-def panel(pipe):
-    "An ipywidgets panel for the `Pipeline` `pipe`: prompt, sliders, Generate / Stop, progress, a grid that fills as tokens are drawn."
-    import threading, ipywidgets as W
+# %% ../nbs/10a_widget.ipynb #0c75f55e
+def _settings(ui, pipe):
+    "The panel's inputs, at `pipe`'s sampling defaults: prompt, negative prompt, sliders, seed, the image prompt's."
+    import ipywidgets as W
     S = pipe.cfg.sample
-    ui = W.VBox()
     ui.prompt = W.Text(value="a large red circle", description="prompt", layout=W.Layout(width="480px"))
     ui.negative = W.Text(value="", description="negative", placeholder="what not to draw (optional)",
                          layout=W.Layout(width="480px"))
     ui.scale = W.FloatSlider(value=S.cond_scale, min=1.0, max=10.0, step=0.5, description="cond scale")
-    ui.top_k = W.IntSlider(value=S.top_k, min=0, max=pipe.cfg.model_cfg.image_codes, step=8, description="top-k (0=off)")
+    ui.top_k = W.IntSlider(value=S.top_k, min=0, max=pipe.cfg.model_cfg.image_codes, step=8,
+                           description="top-k (0=off)")
     ui.temperature = W.FloatSlider(value=S.temperature, min=0.1, max=2.0, step=0.05, description="temperature")
     ui.plausibility = W.FloatSlider(value=S.plausibility, min=0.0, max=0.5, step=0.01, description="plausibility")
     ui.n = W.IntSlider(value=S.n_candidates, min=1, max=32, description="candidates")
@@ -50,18 +51,15 @@ def panel(pipe):
     ui.upload = W.FileUpload(accept="image/*", multiple=False, description="image prompt")
     ui.keep_rows = W.IntSlider(value=pipe.grid // 2, min=0, max=pipe.grid, description="keep rows")
     ui.clear = W.Button(description="no image prompt")
-    ui.generate, ui.stop = W.Button(description="Generate", button_style="primary"), W.Button(description="Stop", disabled=True)
+
+def _outputs(ui, pipe):
+    "The panel's buttons, progress bar, status line and grid, and the state a run keeps (`pipe`, image prompt, result)."
+    import threading, ipywidgets as W
+    ui.generate, ui.stop = W.Button(description="Generate", button_style="primary"), W.Button(description="Stop",
+                                                                                              disabled=True)
     ui.progress, ui.status = W.IntProgress(value=0, min=0, max=1, description="tokens"), W.Label()
     ui.grid = W.GridBox(layout=W.Layout(grid_template_columns="repeat(4, 136px)", grid_gap="4px"))
-    for w, c in ((ui.prompt, "prompt"), (ui.negative, "negative"),
-                 (ui.generate, "generate"), (ui.stop, "stop"), (ui.upload, "upload"), (ui.progress, "progress"),
-                 (ui.status, "status"), (ui.grid, "grid")): w.add_class(f"dalle-{c}")
-    ui.children = [ui.prompt, ui.negative, W.HBox([ui.scale, ui.top_k]), W.HBox([ui.temperature, ui.plausibility]), W.HBox([ui.n, ui.keep]),
-                   W.HBox([ui.seed, ui.every]), W.HBox([ui.upload, ui.keep_rows, ui.clear]), W.HBox([ui.generate, ui.stop, ui.progress]),
-                   ui.status, ui.grid]
     ui.pipe, ui.image, ui.result, ui.thread, ui.stopping = pipe, None, None, None, threading.Event()
-    _wire(ui)
-    return ui
 
 # %% ../nbs/10a_widget.ipynb #a9ad304b
 def _show(ui, images, captions):
@@ -75,7 +73,8 @@ def _show(ui, images, captions):
     ui.grid.children = cells[:len(images)]
 
 def _on_step(ui, step, results):
-    "Show a `Step` in the panel (partial pictures every `show every` tokens, then the finished ones) and count its tokens; False after Stop."
+    ("Show a `Step` in the panel (partial pictures every `show every` tokens, then the finished ones) and count its "
+     "tokens; False after Stop.")
     if step.t % ui.every.value == 0 or step.final:
         shown = step.images if not step.final else np.concatenate([r.images for r in results if r is not None])
         _show(ui, shown, [f"#{i}" for i in step.indices] if not step.final else [""] * len(shown))
@@ -84,20 +83,25 @@ def _on_step(ui, step, results):
 
 # %% ../nbs/10a_widget.ipynb #b50b07ac
 def _work(ui):
-    "One run with the panel's settings (in its thread): the ranked images and a summary at the end, or the user's error in the status line."
+    ("One run with the panel's settings (in its thread): the ranked images and a summary at the end, or the user's "
+     "error in the status line.")
     from functools import partial
     t0, pipe = time.perf_counter(), ui.pipe
     try:
         image = _uploaded(ui.upload) if ui.upload.value else ui.image
         ui.progress.max, ui.progress.value = ui.n.value * pipe.image_len, 0
-        r = pipe(ui.prompt.value, n=ui.n.value, rerank=min(ui.keep.value, ui.n.value), cond_scale=ui.scale.value, seed=ui.seed.value,
-                 temperature=ui.temperature.value, top_k=ui.top_k.value, plausibility=ui.plausibility.value, image_prompt=image,
-                 keep_rows=ui.keep_rows.value if image is not None else None, every=ui.every.value, callback=partial(_on_step, ui),
+        r = pipe(ui.prompt.value, n=ui.n.value, rerank=min(ui.keep.value, ui.n.value), cond_scale=ui.scale.value,
+                 seed=ui.seed.value,
+                 temperature=ui.temperature.value, top_k=ui.top_k.value, plausibility=ui.plausibility.value,
+                 image_prompt=image,
+                 keep_rows=ui.keep_rows.value if image is not None else None, every=ui.every.value,
+                 callback=partial(_on_step, ui),
                  negative=ui.negative.value.strip() or None)
     except ValueError as e:                                    # SettingError, PromptError: the user's to fix
         ui.status.value, ui.result = f"⚠ {e}", None
     else:
-        _show(ui, r.images, [f"#{i} clip {s:.2f}" for i, s in zip(r.indices, r.scores)] if r.scores is not None else [f"#{i}" for i in r.indices])
+        _show(ui, r.images, [f"#{i} clip {s:.2f}" for i, s in zip(r.indices, r.scores)] if r.scores is not None
+              else [f"#{i}" for i in r.indices])
         extra = (f", image prompt: top {r.settings['keep_rows']} rows kept" if image is not None else "") + \
                 (f", negative: {r.settings['negative']!r}" if r.settings.get("negative") else "") + \
                 (f", {r.repeats} repeated a better one pixel for pixel" if r.repeats else "") + \
@@ -107,7 +111,8 @@ def _work(ui):
 
 # %% ../nbs/10a_widget.ipynb #49e813bc
 def _run(ui, _=None, wait: bool = False):
-    "Start a run in a thread (one at a time); from code (`ui.run()`) wait for it and return its `Result` (None after an error)."
+    ("Start a run in a thread (one at a time); from code (`ui.run()`) wait for it and return its `Result` (None after "
+     "an error).")
     import threading
     if ui.thread is not None and ui.thread.is_alive(): return None        # one run at a time
     ui.stopping.clear(); ui.generate.disabled, ui.stop.disabled = True, False
@@ -120,6 +125,7 @@ def _forget(ui, _=None):
     ui.upload.value = () if isinstance(ui.upload.value, tuple) else ui.upload.value.__class__()
     ui.image = None
 
+# %% ../nbs/10a_widget.ipynb #b313ea73
 def _legible(ui, label: str = "140px"):
     "Every control's name shown whole and aligned: a `label`-wide name column (ipywidgets' default cuts names short)."
     import ipywidgets as W
@@ -140,3 +146,19 @@ def _wire(ui):
     ui.run, ui.forget = partial(_run, ui), partial(_forget, ui)
     ui.set_image_prompt = lambda image: setattr(ui, "image", image)          # from code, instead of uploading
     ui.generate.on_click(ui.run); ui.stop.on_click(lambda _: ui.stopping.set()); ui.clear.on_click(ui.forget)
+
+# %% ../nbs/10a_widget.ipynb #86d2f6d6
+def panel(pipe):
+    ("An ipywidgets panel for the `Pipeline` `pipe`: prompt, sliders, Generate / Stop, progress, a grid that fills as "
+     "tokens are drawn.")
+    import ipywidgets as W
+    ui = W.VBox()
+    _settings(ui, pipe); _outputs(ui, pipe)
+    for w, c in ((ui.prompt, "prompt"), (ui.negative, "negative"),
+                 (ui.generate, "generate"), (ui.stop, "stop"), (ui.upload, "upload"), (ui.progress, "progress"),
+                 (ui.status, "status"), (ui.grid, "grid")): w.add_class(f"dalle-{c}")
+    ui.children = [ui.prompt, ui.negative, W.HBox([ui.scale, ui.top_k]), W.HBox([ui.temperature, ui.plausibility]),
+                   W.HBox([ui.n, ui.keep]), W.HBox([ui.seed, ui.every]), W.HBox([ui.upload, ui.keep_rows, ui.clear]),
+                   W.HBox([ui.generate, ui.stop, ui.progress]), ui.status, ui.grid]
+    _wire(ui)
+    return ui
