@@ -43,13 +43,22 @@ def long_definitions(module: Path) -> list:
     return bad
 
 
+def split_docstrings(module: Path) -> list:
+    "Definitions whose docstring is written as two string statements: `__doc__` holds only the first."
+    is_str = lambda b: isinstance(b, ast.Expr) and isinstance(b.value, ast.Constant) and isinstance(b.value.value, str)
+    return [f"{module.stem}.{d.name}" for d in ast.walk(ast.parse(module.read_text()))
+            if isinstance(d, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and len(d.body) > 1
+            and is_str(d.body[0]) and is_str(d.body[1])]
+
+
 def output_leaks(nb: Path) -> list:
     "Stored stderr streams, machine paths and numpy scalar reprs in a notebook's outputs."
     bad = []
     for i, _, c in _code_cells(nb):
         for o in c.get("outputs", []):
             if o.get("name") == "stderr": bad.append(f"cell {i}: stderr stored")
-            texts = ["".join(o.get("text", ""))] + ["".join(v) for k, v in o.get("data", {}).items() if k.startswith("text/")]
+            texts = ["".join(o.get("text", ""))]
+            texts += ["".join(v) for k, v in o.get("data", {}).items() if k.startswith("text/")]
             bad += [f"cell {i}: {m[0]!r} in an output" for t in texts for m in [LEAKS.search(t)] if m]
     return bad
 
@@ -63,6 +72,11 @@ def test_cells_and_lines_are_short(nb):
 def test_exported_definitions_are_short():
     bad = [b for m in MODULES for b in long_definitions(m)]
     assert not bad, "definitions to split into named pieces (@patch methods, helpers):\n" + "\n".join(bad)
+
+
+def test_docstrings_are_whole():
+    bad = [b for m in MODULES for b in split_docstrings(m)]
+    assert not bad, "join each into one docstring (a bracketed implicit concatenation):\n" + "\n".join(bad)
 
 
 @pytest.mark.parametrize("nb", NBS, ids=[p.stem for p in NBS])
@@ -86,3 +100,5 @@ def test_the_checks_catch_what_they_are_for(tmp_path):
     assert output_leaks(nb("f()", [out("np.float64(0.5)")])) and not output_leaks(nb("f()", [out("saved x.png 0.5")]))
     m = tmp_path / "m.py"; m.write_text("def f():\n" + "    x = 1\n" * 45 + "\ndef g(): pass\n")
     assert long_definitions(m) == ["m.f: 46 lines"]
+    m.write_text('def f():\n    "one."\n    "two."\n    return 1\n\ndef g():\n    ("one. " "two.")\n    return 1\n')
+    assert split_docstrings(m) == ["m.f"]
