@@ -293,6 +293,16 @@ def cmd_download(a) -> int:
     print(f"model directory: {path}   (dalle-nb generate \"...\" --model {a.name})")
     return 0
 
+# %% ../nbs/11_cli.ipynb #67dfce40
+def _add_processes(t):
+    "`train`'s flags for one process per host (each also read from a `DALLE_NB_*` variable)."
+    t.add_argument("--coordinator", default=None, metavar="HOST:PORT", help="multi-process run: address of process 0 "
+                   "('auto' on a TPU pod; or DALLE_NB_COORDINATOR; default: one process)")
+    t.add_argument("--num-processes", type=int, default=None,
+                   help="multi-process run: how many processes (or DALLE_NB_NUM_PROCESSES; default 1)")
+    t.add_argument("--process-id", type=int, default=None,
+                   help="multi-process run: this process's index (or DALLE_NB_PROCESS_ID; default 0)")
+
 # %% ../nbs/11_cli.ipynb #b289ffb8
 def _add_train(sub):
     "`dalle-nb train`'s flags."
@@ -323,16 +333,6 @@ def _add_train(sub):
                    "written by `dalle-nb encode` (repeatable; needs --stages bart; default: the shapes dataset)")
     t.add_argument("--quiet", action="store_true", help="no progress bars")
     t.set_defaults(func=cmd_train)
-
-# %% ../nbs/11_cli.ipynb #67dfce40
-def _add_processes(t):
-    "`train`'s flags for one process per host (each also read from a `DALLE_NB_*` variable)."
-    t.add_argument("--coordinator", default=None, metavar="HOST:PORT", help="multi-process run: address of process 0 "
-                   "('auto' on a TPU pod; or DALLE_NB_COORDINATOR; default: one process)")
-    t.add_argument("--num-processes", type=int, default=None,
-                   help="multi-process run: how many processes (or DALLE_NB_NUM_PROCESSES; default 1)")
-    t.add_argument("--process-id", type=int, default=None,
-                   help="multi-process run: this process's index (or DALLE_NB_PROCESS_ID; default 0)")
 
 # %% ../nbs/11_cli.ipynb #49f8ea8d
 def _add_info_encode(sub):

@@ -139,23 +139,6 @@ def _wheel_args(p):
     p.add_argument("--wheel", default=None, help="dalle_nb wheel to install (default: build one from this checkout)")
     p.add_argument("--wheel-dir", default="dist", help="where to build the wheel (default dist/)")
 
-# %% ../nbs/11a_cli_pod.ipynb #91c63718
-def _add_pod_lifecycle(ps):
-    "`pod create|setup|launch`, then `_add_pod_runs`' commands."
-    p = ps.add_parser("create", help="create a TPU VM pod"); _pod_args(p); _create_args(p)
-    p = ps.add_parser("setup", help="install this package (and mount GCS buckets) on every worker")
-    _pod_args(p); _wheel_args(p)
-    p.add_argument("--mount", action="append", default=[], metavar="BUCKET",
-                   help="GCS bucket to mount at /mnt/gcs/BUCKET (repeatable; default: none)")
-    p = ps.add_parser("launch", help="start `dalle-nb train` on every worker"); _pod_args(p); _job_args(p)
-    p.add_argument("--local", type=int, default=0, metavar="N",
-                   help="instead: N processes on this machine (jax.distributed, CPU devices)")
-    p.add_argument("--devices", type=int, default=2, help="--local: fake CPU devices per process")
-    p.add_argument("--local-dir", default="runs/local-pod", help="--local: where each process keeps its log")
-    p.add_argument("--wait", action="store_true", help="--local: wait for the processes; exit 1 unless all succeed")
-    p.add_argument("--timeout", type=float, default=3600, help="--local --wait: seconds to wait for the processes")
-    _add_pod_runs(ps)
-
 # %% ../nbs/11a_cli_pod.ipynb #5f6261af
 def _add_pod_runs(ps):
     "`pod logs|list|stop|delete|watch`: the runs on a pod, and the pod's end."
@@ -172,6 +155,23 @@ def _add_pod_runs(ps):
     _pod_args(p); _job_args(p); _create_args(p); _wheel_args(p)
     p.add_argument("--max-restarts", type=int, default=10, help="relaunches after preemption before giving up")
     p.add_argument("--poll", type=float, default=300, help="seconds between checks of the pod and the run")
+
+# %% ../nbs/11a_cli_pod.ipynb #91c63718
+def _add_pod_lifecycle(ps):
+    "`pod create|setup|launch`, then `_add_pod_runs`' commands."
+    p = ps.add_parser("create", help="create a TPU VM pod"); _pod_args(p); _create_args(p)
+    p = ps.add_parser("setup", help="install this package (and mount GCS buckets) on every worker")
+    _pod_args(p); _wheel_args(p)
+    p.add_argument("--mount", action="append", default=[], metavar="BUCKET",
+                   help="GCS bucket to mount at /mnt/gcs/BUCKET (repeatable; default: none)")
+    p = ps.add_parser("launch", help="start `dalle-nb train` on every worker"); _pod_args(p); _job_args(p)
+    p.add_argument("--local", type=int, default=0, metavar="N",
+                   help="instead: N processes on this machine (jax.distributed, CPU devices)")
+    p.add_argument("--devices", type=int, default=2, help="--local: fake CPU devices per process")
+    p.add_argument("--local-dir", default="runs/local-pod", help="--local: where each process keeps its log")
+    p.add_argument("--wait", action="store_true", help="--local: wait for the processes; exit 1 unless all succeed")
+    p.add_argument("--timeout", type=float, default=3600, help="--local --wait: seconds to wait for the processes")
+    _add_pod_runs(ps)
 
 # %% ../nbs/11a_cli_pod.ipynb #4b17a895
 def _add_pod_fit(ps):

@@ -25,8 +25,8 @@ from .dalle import DalleTransformer
 
 # %% auto #0
 __all__ = ['MODEL_FILES', 'MANIFEST', 'required_files', 'ModelDirError', 'default_model_dir', 'paper_model_dir', 'Models',
-           'save_models', 'check_config_dict', 'write_manifest', 'check_manifest', 'check_finite', 'verify_model_dir',
-           'load_models', 'micro_config', 'micro_models']
+           'check_config_dict', 'write_manifest', 'check_manifest', 'check_finite', 'verify_model_dir', 'load_models',
+           'save_models', 'micro_config', 'micro_models']
 
 # %% ../nbs/09_modeldir.ipynb #ec3bac07
 # what a DALL·E Mega-style directory needs
@@ -75,20 +75,6 @@ class Models:
     def transformer(self):
         "The text → image-token model the config chooses: the BART (`arch='bart'`) or the DALL·E transformer."
         return self.dalle if self.cfg.arch == "dalle" else self.bart
-
-# %% ../nbs/09_modeldir.ipynb #0e1d6ef3
-def save_models(path, models: Models, card: str = "", dtype: str | None = "float16") -> Path:
-    "Write `models` as a model directory (parameters stored in `dtype`, float16 by default), its `manifest.json` last."
-    path = Path(path); path.mkdir(parents=True, exist_ok=True)
-    (path / MANIFEST).unlink(missing_ok=True)            # a directory being rewritten has no manifest until it is whole
-    save_config(models.cfg, path / "config.json")
-    models.text.save(path)
-    if models.clip_text is not None: models.clip_text.tokenizer.save(str(path / "clip_tokenizer.json"))
-    for name in _CLASSES:
-        if getattr(models, name) is not None: save_params(getattr(models, name), path / f"{name}.msgpack", dtype=dtype)
-    if card: (path / "MODEL_CARD.md").write_text(card)
-    write_manifest(path)
-    return path
 
 # %% ../nbs/09_modeldir.ipynb #8e332233
 _MODEL_SECTIONS, _DTYPES = ("vqgan", "bart", "clip", "dvae", "dalle"), ("float32", "float16", "bfloat16")
@@ -272,12 +258,12 @@ def verify_model_dir(path, models: dict | None = None, full: bool = False) -> st
 
 # %% ../nbs/09_modeldir.ipynb #869ca900
 def load_models(path=None, unrolled: bool = False, serve: bool = False, quantize: str | None = None) -> Models:
-    "Load a model directory (default: the shipped shapes model); one clear `ModelDirError` for anything wrong.\n\n"
-    ("`unrolled`: the BART's layers as a list, whatever the directory stores (faster token steps: what `Pipeline` "
-     "loads).\n\n")
-    ("`serve`: the transformer's `Linear` layers read straight into their serving form, weights as `quantize` says "
-     "(`Linear.serve`).\n\n")
-    ("The files are checked against `manifest.json` and the tensors for NaN/inf, once per change of the files "
+    ("Load a model directory (default: the shipped shapes model); one clear `ModelDirError` for anything wrong.\n\n"
+     "`unrolled`: the BART's layers as a list, whatever the directory stores (faster token steps: what `Pipeline` "
+     "loads).\n\n"
+     "`serve`: the transformer's `Linear` layers read straight into their serving form, weights as `quantize` says "
+     "(`Linear.serve`).\n\n"
+     "The files are checked against `manifest.json` and the tensors for NaN/inf, once per change of the files "
      "(`verify_model_dir`).")
     path = Path(path) if path is not None else default_model_dir()
     cfg = _read_config(path, unrolled)
@@ -298,6 +284,20 @@ def load_models(path=None, unrolled: bool = False, serve: bool = False, quantize
     card = (path / "MODEL_CARD.md").read_text() if (path / "MODEL_CARD.md").exists() else ""
     return Models(cfg, text, loaded["vqgan"], loaded["bart"], loaded["clip"], path, card, clip_text, loaded["dvae"],
                   loaded["dalle"])
+
+# %% ../nbs/09_modeldir.ipynb #0e1d6ef3
+def save_models(path, models: Models, card: str = "", dtype: str | None = "float16") -> Path:
+    "Write `models` as a model directory (parameters stored in `dtype`, float16 by default), its `manifest.json` last."
+    path = Path(path); path.mkdir(parents=True, exist_ok=True)
+    (path / MANIFEST).unlink(missing_ok=True)            # a directory being rewritten has no manifest until it is whole
+    save_config(models.cfg, path / "config.json")
+    models.text.save(path)
+    if models.clip_text is not None: models.clip_text.tokenizer.save(str(path / "clip_tokenizer.json"))
+    for name in _CLASSES:
+        if getattr(models, name) is not None: save_params(getattr(models, name), path / f"{name}.msgpack", dtype=dtype)
+    if card: (path / "MODEL_CARD.md").write_text(card)
+    write_manifest(path)
+    return path
 
 # %% ../nbs/09_modeldir.ipynb #15c99096
 def micro_config() -> tuple[RunConfig, TextEncoder]:

@@ -77,10 +77,10 @@ class Pipeline:
     def __init__(self, models: Models | str | Path | None = None, batch_size: int = 16, quantize: str | None = None,
                  cache: str | None = None):
         ("`models`: loaded `Models`, a model directory, or a published set's name (`'mega'`, `dalle_nb.hub`), fetched "
-         "and converted on first use.\n\n")
-        ("`quantize`: the text→image transformer's weights as float32 (`None`), `'bfloat16'` or `'int8'` "
-         "(`Linear.serve`);\n\n")
-        "`cache`: its decode cache, one of `CACHE_DTYPES` (`None`: this backend's default, `sample.DEFAULT_LAYOUT`)."
+         "and converted on first use.\n\n"
+         "`quantize`: the text→image transformer's weights as float32 (`None`), `'bfloat16'` or `'int8'` "
+         "(`Linear.serve`);\n\n"
+         "`cache`: its decode cache, one of `CACHE_DTYPES` (`None`: this backend's default, `sample.DEFAULT_LAYOUT`).")
         if quantize not in QUANTIZE:
             raise SettingError("quantize", f"must be one of {', '.join(map(str, QUANTIZE))}; got {quantize!r}")
         if cache not in (None, *CACHE_DTYPES):
@@ -208,8 +208,8 @@ def image_prompt(self: Pipeline, image, keep_rows: int | None):
 def _batch(self: Pipeline, text_ids, keys, pad_to: int, st: dict, prefix=None, keep: int = 0, every=None,
            negative_ids=None):
     ("Draw one batch of rows (padded to `pad_to` rows: one compiled shape): yields `(t, ids [rows, t])`, every `every` "
-     "tokens or once.\n\n")
-    ("The unconditional rows of super conditioning read `negative_ids` `[1, S]` (a negative prompt), else the empty "
+     "tokens or once.\n\n"
+     "The unconditional rows of super conditioning read `negative_ids` `[1, S]` (a negative prompt), else the empty "
      "caption.")
     rows, pad = len(text_ids), pad_to - len(text_ids)
     fill = lambda a: np.concatenate([np.asarray(a), np.repeat(np.asarray(a)[:1], pad, 0)]) if pad else a
@@ -399,8 +399,8 @@ def __call__(self: Pipeline, prompt: str, n=None, rerank=None, cond_scale=None, 
              top_p=None,
              plausibility=None, image_prompt=None, keep_rows=None, every=None, callback=None, negative=None) -> Result:
     ("Sample `n` candidates for `prompt` (completing the top `keep_rows` token rows of `image_prompt` if given), rank "
-     "them with CLIP, return the best `rerank`.\n\n")
-    ("`negative`: a caption the unconditional rows of super conditioning read instead of the empty one (what not to "
+     "them with CLIP, return the best `rerank`.\n\n"
+     "`negative`: a caption the unconditional rows of super conditioning read instead of the empty one (what not to "
      "draw).")
     return self.many([prompt], callback=callback, n=n, rerank=rerank, cond_scale=cond_scale, seed=seed,
                      temperature=temperature, top_k=top_k,
