@@ -25,7 +25,7 @@ class FitError(ValueError):
 HBM_GIB = {"v2": 8, "v3": 16, "v4": 32, "v5litepod": 16, "v5e": 16, "v5p": 95, "v6e": 32}
 
 def topology_devices(topology: str | None):
-    "The devices of a TPU topology such as `'v3:8x16'` (needs libtpu; no TPU attached), or this process's devices for None."
+    "The devices of a TPU topology such as `'v3:8x16'` (needs libtpu; no TPU attached); this process's for None."
     import jax
     if topology is None: return jax.devices()
     # compiling only: do not take libtpu's single-process lock
@@ -41,8 +41,10 @@ def libtpu_available() -> bool:
     import importlib.util
     return importlib.util.find_spec("libtpu") is not None or bool(os.environ.get("TPU_LIBRARY_PATH"))
 
+# %% ../nbs/16a_fitcheck.ipynb #4b8d2f63
 def layout_mesh(layout: str, devices):
-    "A `('dp','fsdp','mp')` mesh over `devices` from a layout string (`'dp=-1,mp=8'`), in the hardware's preferred order."
+    """A `('dp','fsdp','mp')` mesh over `devices` from a layout string (`'dp=-1,mp=8'`), in the hardware's preferred
+    order."""
     from jax.sharding import Mesh
     from jax.experimental import mesh_utils
     from dalle_nb.sharding import make_mesh
@@ -62,10 +64,12 @@ class FitReport:
     memory: dict            # bytes per core: argument, output, alias, temp, code, total
     state: dict             # bytes per core of the train state by part (params, opt, rest), from its shardings
     hbm_bytes: int
-    # per core, per step, by part (forward_backward, update, shampoo_roots), loops × trip counts (convergence loops at their cap)
+    # per core, per step, by part (forward_backward, update, shampoo_roots), loops × trip counts (convergence loops
+    # at their cap)
     flops: dict
     xla_flops: float        # cost_analysis()['flops'] (loop bodies once)
-    # [{'part', 'op', 'group', 'count', 'bytes', 'async_bytes', 'overlap_flops'}] per core per step (async: start/done pairs, and the FLOPs between)
+    # [{'part', 'op', 'group', 'count', 'bytes', 'async_bytes', 'overlap_flops'}] per core per step (async:
+    # start/done pairs, and the FLOPs between)
     collectives: list
     compile_seconds: float
     lower_seconds: float
@@ -82,13 +86,15 @@ class FitReport:
         "The report as a JSON-able dict, with `fits` and `margin_gib`."
         return {**dataclasses.asdict(self), "fits": self.fits, "margin_gib": self.margin}
 
-# %% ../nbs/16a_fitcheck.ipynb #96f20853
+# %% ../nbs/16a_fitcheck.ipynb #5c9e3a74
 def _overlap_line(coll: list) -> str:
     "What of a report's collectives can run beside compute: async bytes and the FLOPs scheduled between their halves."
     a, total = sum(x["async_bytes"] for x in coll), sum(x["bytes"] for x in coll)
     if not a: return "  every collective synchronous (no start/done pairs): none runs beside compute"
-    return f"  async (start/done pairs) {a / 2**30:.2f} of {total / 2**30:.2f} GiB, beside {sum(x['overlap_flops'] for x in coll) / 1e12:.2f} TFLOPs"
+    return (f"  async (start/done pairs) {a / 2**30:.2f} of {total / 2**30:.2f} GiB, beside "
+            f"{sum(x['overlap_flops'] for x in coll) / 1e12:.2f} TFLOPs")
 
+# %% ../nbs/16a_fitcheck.ipynb #96f20853
 @patch
 def table(self: FitReport) -> str:
     "The report as a plain-text table."
@@ -112,7 +118,8 @@ def table(self: FitReport) -> str:
             "  TFLOPs per core per step  " + ", ".join(f"{k} {v / 1e12:.2f}" for k, v in sorted(self.flops.items()))
             + f"  (XLA's cost_analysis, loop bodies once: {self.xla_flops / 1e12:.2f})",
             *(f"  collectives in {part} per core per step: " + ", ".join(
-                f"{x['op']} over {x['group']} x{x['count']:g} ({x['bytes'] / 2**30:.2f} GiB)" for x in self.collectives if x["part"] == part)
+                f"{x['op']} over {x['group']} x{x['count']:g} ({x['bytes'] / 2**30:.2f} GiB)"
+                for x in self.collectives if x["part"] == part)
               for part in sorted({x["part"] for x in self.collectives})),
             *([_overlap_line(self.collectives)] if self.collectives and "async_bytes" in self.collectives[0] else []),
             f"  compile {self.compile_seconds:.0f} s (lowering {self.lower_seconds:.0f} s)"]
@@ -120,7 +127,8 @@ def table(self: FitReport) -> str:
 
 # %% ../nbs/16a_fitcheck.ipynb #a621e105
 def state_bytes(abstract) -> dict:
-    "Bytes per device of each part of an abstract `TrainState` (`ShapeDtypeStruct`s with shardings): the largest device's share."
+    """Bytes per device of each part of an abstract `TrainState` (`ShapeDtypeStruct`s with shardings): the largest
+    device's share."""
     from dalle_nb.sharding import bytes_per_device
     return {part: bytes_per_device(getattr(abstract, part)) for part in ("params", "opt", "rest")}
 
@@ -143,7 +151,8 @@ def _bart_setup(cfg, per_replica=None, accum=None, remat="full", scan=True, dtyp
     return bart, sc, per_replica, accum
 
 def _compile(train, batch, key):
-    "Lower and compile `train.step`, timed, without the compilation cache: `(compiled or None, refusal or None, lower s, compile s)`."
+    """Lower and compile `train.step`, timed, without the compilation cache: `(compiled or None, refusal or None,
+    lower s, compile s)`."""
     import jax
     cache = jax.config.jax_enable_compilation_cache
     # time a real compile, and keep TPU programs out of the cache
@@ -162,7 +171,8 @@ def _compile(train, batch, key):
 
 # %% ../nbs/16a_fitcheck.ipynb #0879f468
 def _measure(compiled, error: str | None, n: int):
-    "`(bytes per core, XLA's cost analysis, hlo_profile, hlo_profile with convergence loops once)` of a compiled step (or a refusal)."
+    """`(bytes per core, XLA's cost analysis, hlo_profile, hlo_profile with convergence loops once)` of a compiled step
+    (or a refusal)."""
     if compiled is None:
         mem = {"argument": None, "output": None, "alias": None, "temp": _refused_bytes(error), "code": None}
         mem["total"] = mem["temp"]
@@ -172,22 +182,22 @@ def _measure(compiled, error: str | None, n: int):
     mem = {k: int(getattr(m, f"{k}_size_in_bytes")) for k in ("argument", "output", "alias", "temp")}
     mem["code"] = int(m.generated_code_size_in_bytes)
     mem["total"] = mem["argument"] + mem["output"] - mem["alias"] + mem["temp"] + mem["code"]
-    xla = compiled.cost_analysis() or {}; xla = xla[0] if isinstance(xla, list) else xla     # None for a GPU compiled without one
+    xla = compiled.cost_analysis() or {}                     # None for a GPU compiled without one
+    xla = xla[0] if isinstance(xla, list) else xla
     hlo = compiled.as_text()
     return mem, xla, hlo_profile(hlo, n), hlo_profile(hlo, n, inexact_trips=1)
 
 def _hbm_gib(devices, topology: str | None, hbm_gib: float | None = None) -> float:
-    "HBM per core: `hbm_gib`, else `HBM_GIB` of the TPU generation in the device kind or the topology (16 if neither says)."
+    """HBM per core: `hbm_gib`, else `HBM_GIB` of the TPU generation in the device kind or the topology (16 if neither
+    says)."""
     kind = getattr(devices[0], "device_kind", "cpu")
     gen = (re.search(r"v(\d+[a-z]*)", kind.lower()) or re.search(r"v(\d+[a-z]*)", topology or "") or [None, None])[1]
     return hbm_gib if hbm_gib is not None else HBM_GIB.get(f"v{gen}", 16)
 
 # %% ../nbs/16a_fitcheck.ipynb #9fe34757
-def fit_check(cfg, topology: str | None = "v3:8x16", layout: str | None = None, per_replica: int | None = None,
-              accum: int | None = None, remat: str = "full", scan: bool = True, dtype: str | None = None,
-              param_dtype: str | None = None, optimizer: str | None = None, layers: int | None = None,
-              hbm_gib: float | None = None, devices=None, tx=None) -> FitReport:
-    "AOT-compile `cfg`'s BART train step for `topology` (None: this machine's devices) and measure it; nothing is allocated."
+def _fit_step(bart, sc, mesh, per_replica: int, accum: int, tx=None):
+    """`(train step, abstract batch, abstract key)` of the BART stage as `dalle-nb train` builds it (caption blanking
+    inside the loss) on `mesh`, for a global batch of `per_replica × replicas × accum` rows."""
     import jax, jax.numpy as jnp
     from flax import nnx
     from jax.sharding import NamedSharding, PartitionSpec as P
@@ -197,13 +207,7 @@ def fit_check(cfg, topology: str | None = "v3:8x16", layout: str | None = None, 
     from dalle_nb.optim import make_optimizer
     from dalle_nb.sharding import data_shards
     from dalle_nb.train import make_sharded_train_step
-    layout = layout or cfg.bart_train.mesh
-    bart, sc, per_replica, accum = _bart_setup(cfg, per_replica, accum, remat, scan, dtype, param_dtype, optimizer,
-                                               layers)
-    devs = devices if devices is not None else topology_devices(topology)
-    mesh = layout_mesh(layout, devs)
-    replicas = data_shards(mesh)
-    B = per_replica * replicas * accum
+    B = per_replica * data_shards(mesh) * accum
     blank = jnp.full((bart.max_text_len,), bart.pad_id, jnp.int32)
     def loss_fn(m, b, k): return bart_loss(m, blank_captions(b["text"], blank, sc.blank_caption_prob, k), b["image"])
     model = abstract_module(lambda: DalleBart(bart, rngs=nnx.Rngs(0)))
@@ -211,26 +215,46 @@ def fit_check(cfg, topology: str | None = "v3:8x16", layout: str | None = None, 
                                     grad_accum=accum)
     batch = train.batch_structs({"text": ((B, bart.max_text_len), jnp.int32),
                                  "image": ((B, bart.image_len), jnp.int32)})
-    key = jax.ShapeDtypeStruct((), jax.random.key(0).dtype, sharding=NamedSharding(mesh, P()))
+    return train, batch, jax.ShapeDtypeStruct((), jax.random.key(0).dtype, sharding=NamedSharding(mesh, P()))
+
+# %% ../nbs/16a_fitcheck.ipynb #8f2b6da7
+def _fit_config(cfg, bart, sc, mesh, topology, devs, per_replica, accum, remat, scan, custom_tx: bool, prof) -> dict:
+    "The configuration a `FitReport` records: model, layout, batch, options and the compiled program's loops."
+    from dalle_nb.sharding import data_shards
+    kind, replicas = getattr(devs[0], "device_kind", "cpu"), data_shards(mesh)
+    return {"preset": cfg.name, "stage": "bart", "topology": topology or f"{len(devs)} x {kind}", "devices": len(devs),
+            "device_kind": kind, "mesh": dict(mesh.shape), "per_replica": per_replica, "replicas": replicas,
+            "accum": accum, "global_batch": per_replica * replicas * accum, "remat": remat, "scan": scan,
+            "dtype": bart.dtype, "param_dtype": bart.param_dtype, "optimizer": "custom" if custom_tx else sc.optimizer,
+            "layers": [bart.encoder_layers, bart.decoder_layers], "shampoo_every": sc.shampoo_every,
+            "tokens_per_sample": bart.image_len, "loops": len(prof["loops"]),
+            "loops_at_max_trips": prof["inexact_loops"]}
+
+# %% ../nbs/16a_fitcheck.ipynb #0b4d8fc9
+def fit_check(cfg, topology: str | None = "v3:8x16", layout: str | None = None, per_replica: int | None = None,
+              accum: int | None = None, remat: str = "full", scan: bool = True, dtype: str | None = None,
+              param_dtype: str | None = None, optimizer: str | None = None, layers: int | None = None,
+              hbm_gib: float | None = None, devices=None, tx=None) -> FitReport:
+    """AOT-compile `cfg`'s BART train step for `topology` (None: this machine's devices) and measure it; nothing is
+    allocated."""
+    layout = layout or cfg.bart_train.mesh
+    bart, sc, per_replica, accum = _bart_setup(cfg, per_replica, accum, remat, scan, dtype, param_dtype, optimizer,
+                                               layers)
+    devs = devices if devices is not None else topology_devices(topology)
+    mesh = layout_mesh(layout, devs)
+    train, batch, key = _fit_step(bart, sc, mesh, per_replica, accum, tx)
     compiled, error, lower_s, compile_s = _compile(train, batch, key)
     mem, xla, prof, prof_min = _measure(compiled, error, len(devs))
     coll = [{"part": p, "op": op, "group": g, "count": c, "bytes": b, "async_bytes": ab, "overlap_flops": af}
             for (p, op, g), (c, b, ab, af) in sorted(prof["collectives"].items())]
-    kind = getattr(devs[0], "device_kind", "cpu")
-    config = {"preset": cfg.name, "stage": "bart", "topology": topology or f"{len(devs)} x {kind}",
-              "devices": len(devs),
-              "device_kind": kind, "mesh": dict(mesh.shape), "per_replica": per_replica, "replicas": replicas, "accum": accum,
-              "global_batch": B, "remat": remat, "scan": scan, "dtype": bart.dtype, "param_dtype": bart.param_dtype,
-              "optimizer": sc.optimizer if tx is None else "custom", "layers": [bart.encoder_layers,
-                                                                                bart.decoder_layers], "shampoo_every": sc.shampoo_every,
-              "tokens_per_sample": bart.image_len, "loops": len(prof["loops"]), "loops_at_max_trips": prof["inexact_loops"]}
+    config = _fit_config(cfg, bart, sc, mesh, topology, devs, per_replica, accum, remat, scan, tx is not None, prof)
     return FitReport(config, mem, state_bytes(train.abstract), int(_hbm_gib(devs, topology, hbm_gib) * 2**30),
-                     prof["flops"],
-                     float(xla.get("flops", 0.0)), coll, compile_s, lower_s, error, prof_min["flops"])
+                     prof["flops"], float(xla.get("flops", 0.0)), coll, compile_s, lower_s, error, prof_min["flops"])
 
 # %% ../nbs/16a_fitcheck.ipynb #4943e87f
 def load_fit_results(path) -> list[dict]:
-    "Fit-check results recorded at `path` (a JSON list of `FitReport.to_json()` dicts, as `bench/fit_check.py` writes them)."
+    """Fit-check results recorded at `path` (a JSON list of `FitReport.to_json()` dicts, as `bench/fit_check.py`
+    writes them)."""
     path = Path(path)
     if not path.exists(): raise FitError(f"{path}: no recorded fit-check results (run bench/fit_check.py)")
     return json.loads(path.read_text())
@@ -247,9 +271,11 @@ def _wire_bytes(op: str, nbytes: float, n: int) -> float:
     return {"all-reduce": 2 * nbytes * f, "all-gather": nbytes * f, "all-to-all": nbytes * f,
             "reduce-scatter": nbytes * (n - 1), "collective-permute": nbytes}[op]
 
+# %% ../nbs/16a_fitcheck.ipynb #2d6fa0eb
 def step_time(report: dict, hw: dict = V3, mfu: float = 0.5, samples: float = 1.8e9,
               newton_iterations: int = 20) -> dict:
-    "Paper model of one update's time on the pod from a fit-check report (`FitReport.to_json()`): compute, communication, what of it hides behind compute, totals."
+    """Paper model of one update's time on the pod from a fit-check report (`FitReport.to_json()`): compute,
+    communication, what of it hides behind compute, totals."""
     every = report["config"].get("shampoo_every", 1) or 1
     flops = dict(report["flops"])
     if "shampoo_roots" in flops and report.get("flops_min"):        # Newton loops: `newton_iterations`, not their cap

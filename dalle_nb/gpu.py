@@ -111,6 +111,7 @@ def _kernel(comps: dict, comp: dict, ins) -> tuple[str, int]:
     if op == "dynamic-update-slice": sizes = sizes[1:2]
     return kind, sum(sizes)
 
+# %% ../nbs/16b_gpu.ipynb #e6b8a0d4
 def _called(rest: str) -> list[str]:
     "The computations a call or a conditional runs."
     return (re.findall(r"(?:to_apply|true_computation|false_computation)=%?([\w.\-]+)", rest)
@@ -141,6 +142,7 @@ def _outer_loops(comps: dict, name: str) -> list[str]:
             out += [b for c in re.findall(r"to_apply=%?([\w.\-]+)", rest) for b in _outer_loops(comps, c)]
     return out
 
+# %% ../nbs/16b_gpu.ipynb #b9e1d3a7
 def step_reads(text: str, tokens: int) -> dict:
     "What a token step of a compiled sampling program (its HLO text) runs and reads: the outermost loops' bodies × "
     "trips, over `tokens` steps. `{'loops', 'kernels', 'bytes', 'by_kind': {kind: [kernels, bytes]}, 'largest'}` "

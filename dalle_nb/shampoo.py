@@ -39,7 +39,8 @@ class ParamState(NamedTuple):
 
 @struct.dataclass
 class ShampooState:
-    "Step counter and a `ParamState` per parameter (in `jax.tree.leaves` order); static: the plan settings and each parameter's logical names."
+    """Step counter and a `ParamState` per parameter (in `jax.tree.leaves` order); static: the plan settings and each
+    parameter's logical names."""
     count: jax.Array
     params: tuple
     layout: tuple = struct.field(pytree_node=False, default=())
@@ -82,8 +83,10 @@ def _on_each_device(f, stack):
     return jax.shard_map(f, mesh=jax.sharding.get_abstract_mesh(), in_specs=spec, out_specs=spec,
                          check_vma=False)(stack)
 
+# %% ../nbs/13b_shampoo.ipynb #5f1d8b0c
 def _constrain_fit(x, axes):
-    "`constrain`, except that a dimension the mesh axes would not split evenly stays whole (as `fit_spec` lays out the state)."
+    """`constrain`, except that a dimension the mesh axes would not split evenly stays whole (as `fit_spec` lays out
+    the state)."""
     rules, mesh = flax_spmd.get_logical_axis_rules(), jax.sharding.get_abstract_mesh()
     if not rules or mesh.empty: return x
     return lax.with_sharding_constraint(x, fit_spec(logical_to_spec(axes, rules), x.shape, mesh))
@@ -93,7 +96,8 @@ MATRIX_AXES = ("precond", None)
 
 # %% ../nbs/13b_shampoo.ipynb #600d1b09
 def _contracted_axis(shape, axis: int, n: int, names) -> tuple[int, tuple] | None:
-    "The axis `split_gram` cuts over `n` devices (not `axis`, divisible by `n`; one its logical name already splits first) and its mesh axes in order."
+    """The axis `split_gram` cuts over `n` devices (not `axis`, divisible by `n`; one its logical name already splits
+    first) and its mesh axes in order."""
     rules, all_axes = flax_spmd.get_logical_axis_rules(), _precond_axes()
     def mesh_axes(a):
         s = logical_to_spec((names[a],), rules)[0] if names and names[a] else None
@@ -105,7 +109,8 @@ def _contracted_axis(shape, axis: int, n: int, names) -> tuple[int, tuple] | Non
     return c, first + tuple(x for x in all_axes if x not in first)
 
 def split_gram(g, axis: int, precision=None, names=None):
-    "`gram(g, axis)` with its rows split over the devices (the `precond` rule): partial products of each device's share of another axis, summed by a reduce-scatter."
+    """`gram(g, axis)` with its rows split over the devices (the `precond` rule): partial products of each device's
+    share of another axis, summed by a reduce-scatter."""
     n = _precond_shards()
     cut = _contracted_axis(g.shape, axis, n, names) if n > 1 else None
     if cut is None: return gram(g, axis, precision)
@@ -141,15 +146,18 @@ class _Shampoo:
     @property
     def keeps_diag(self) -> bool: return self.graft != "sgd"
 
-    def plans_of(self, tree, known=()):
-        "Each parameter's plan; names missing from `tree` (bare arrays, as `nnx.Optimizer.update` passes) come from `known`."
-        items = _arrays_and_names(tree)
-        if known and len(known) == len(items): items = [(x,
-                                                         n if n is not None else k) for (x, n), k in zip(items, known)]
-        return [make_plan(x.shape, names, **dict(self.layout)) for x, names in items]
+# %% ../nbs/13b_shampoo.ipynb #b8e1d2c7
+@patch
+def plans_of(self: _Shampoo, tree, known=()):
+    "Each parameter's plan; names missing from `tree` (bare arrays) come from `known`."
+    items = _arrays_and_names(tree)
+    if known and len(known) == len(items):
+        items = [(x, n if n is not None else k) for (x, n), k in zip(items, known)]
+    return [make_plan(x.shape, names, **dict(self.layout)) for x, names in items]
 
+# %% ../nbs/13b_shampoo.ipynb #e9c3b5a2
 def _per_layer(plan, f):
-    "Map `f` over the leading layer axis of a stacked parameter, one layer after another (so one layer's whole roots at a time)."
+    "Map `f` over the leading layer axis of a stacked parameter, one layer after another (one layer's roots at a time)."
     return (lambda *args: lax.map(lambda a: f(*a), args)) if plan.layers else f
 
 # %% ../nbs/13b_shampoo.ipynb #ac4cb4da
@@ -169,27 +177,39 @@ def init(self: _Shampoo, params) -> ShampooState:
 
 # %% ../nbs/13b_shampoo.ipynb #14a5f1cd
 @patch
-def refresh_roots(self: _Shampoo, states, plans):
-    """New preconditioners for every statistic. Same-size statistics are stacked (rows still split over the devices,
-    as they are stored), the stack is re-split by matrix (an all-to-all: each device receives whole matrices), each
-    device computes its share of roots, and the new roots go back to rows split over the devices: no device ever
-    holds more than its share."""
+def stat_groups(self: _Shampoo, states, plans) -> dict:
+    "Every statistic by `(size, exponent)`: the `(parameter, statistic)` indices the refresh inverts as one stack."
     groups = {}
     for i, (st, plan) in enumerate(zip(states, plans)):
         p = self.exponent_override or plan.exponent
         for k, s in enumerate(st.stats): groups.setdefault((s.shape[-1], p), []).append((i, k))
-    roots = [list(st.roots) for st in states]
-    rows = (None,) + MATRIX_AXES
-    for (n, p), members in groups.items():
-        mats = jnp.concatenate([_constrain_fit(states[i].stats[k].reshape(-1, n, n), rows) for i, k in members])
-        count, shards = mats.shape[0], _precond_shards()
-        pad = -count % shards
-        if pad: mats = jnp.concatenate([mats, jnp.broadcast_to(jnp.eye(n, dtype=mats.dtype), (pad, n, n))])
-        mats = constrain(mats, ("precond", None, None))          # whole matrices, `count / devices` on each
-        roots_of = jax.vmap(lambda m: inverse_pth_root(m, p, ridge=self.matrix_epsilon, precision=self.prec,
-                                                       method=self.root_method))
-        new, err = _on_each_device(roots_of, mats)
-        new = _constrain_fit(new, rows)                          # back to split rows: never gathered
+    return groups
+
+# %% ../nbs/13b_shampoo.ipynb #b7e2f4a9
+@patch
+def stack_roots(self: _Shampoo, mats, p: int):
+    """Inverse p-th roots of a `[count, n, n]` stack of statistics (rows split over the devices) and their errors,
+    padded with identities to a multiple of the device count: re-split by matrix (an all-to-all: each device receives
+    whole matrices), each device's share inverted on it, the roots back to rows split over the devices."""
+    count, n = mats.shape[0], mats.shape[-1]
+    pad = -count % _precond_shards()
+    if pad: mats = jnp.concatenate([mats, jnp.broadcast_to(jnp.eye(n, dtype=mats.dtype), (pad, n, n))])
+    mats = constrain(mats, ("precond", None, None))          # whole matrices, `count / devices` on each
+    roots_of = jax.vmap(lambda m: inverse_pth_root(m, p, ridge=self.matrix_epsilon, precision=self.prec,
+                                                   method=self.root_method))
+    new, err = _on_each_device(roots_of, mats)
+    return _constrain_fit(new, (None,) + MATRIX_AXES), err   # back to split rows: never gathered
+
+# %% ../nbs/13b_shampoo.ipynb #d8a4b6c1
+@patch
+def refresh_roots(self: _Shampoo, states, plans):
+    """New preconditioners for every statistic: same-size statistics stacked (rows still split over the devices, as
+    they are stored) and inverted together (`stack_roots`); a root that failed keeps its predecessor. No device ever
+    holds more than its share."""
+    roots, rows = [list(st.roots) for st in states], (None,) + MATRIX_AXES
+    for (n, p), members in self.stat_groups(states, plans).items():
+        new, err = self.stack_roots(jnp.concatenate([_constrain_fit(states[i].stats[k].reshape(-1, n, n), rows)
+                                                     for i, k in members]), p)
         at = 0
         for i, k in members:
             old = states[i].roots[k]
@@ -223,6 +243,35 @@ def direction(self: _Shampoo, g, x, diag, mom, gmom, roots, plan, count):
 
 # %% ../nbs/13b_shampoo.ipynb #59a16601
 @patch
+def new_stats(self: _Shampoo, gs, params_states, plans) -> list:
+    "Step 1: each `ParamState` with its statistics updated by the gradient in `gs`, rows split over the devices."
+    states = []
+    for g, st, plan in zip(gs, params_states, plans):
+        if not st.stats: states.append(st); continue
+        gram_fn = partial(split_gram, names=plan.names)
+        stats = _per_layer(plan, lambda s, g, plan=plan, gram_fn=gram_fn: new_statistics(s, g, plan, self.b2,
+                                                                                      self.sprec, gram_fn))(st.stats, g)
+        lead = ("layers",) if plan.layers else ()
+        states.append(st._replace(stats=tuple(_constrain_fit(x, lead + MATRIX_AXES) for x in stats)))
+    return states
+
+# %% ../nbs/13b_shampoo.ipynb #2c8a5e79
+def _stored_layout(roots) -> list:
+    "Each parameter's roots held to their stored layout: rows split over the devices, `layers` in front."
+    return [tuple(_constrain_fit(r, ("layers",) * (r.ndim - 2) + MATRIX_AXES) for r in rs) for rs in roots]
+
+@patch
+def new_roots(self: _Shampoo, states, plans, count) -> list:
+    "Step 2: each parameter's roots, refreshed every `preconditioning_compute_steps` steps and in their stored layout."
+    old = [st.roots for st in states]
+    if not any(st.stats for st in states): return old
+    fresh = lambda: self.refresh_roots(states, plans)
+    roots = fresh() if self.preconditioning_compute_steps == 1 else \
+        lax.cond(count % self.preconditioning_compute_steps == 0, fresh, lambda: old)
+    return _stored_layout(roots)
+
+# %% ../nbs/13b_shampoo.ipynb #4e0c7a9b
+@patch
 def update(self: _Shampoo, grads, state: ShampooState, params=None):
     "optax's `update`: `(updates, new state)` for `grads` (names from `params`, else those `init` saw)."
     src = grads if params is None else params
@@ -233,20 +282,9 @@ def update(self: _Shampoo, grads, state: ShampooState, params=None):
                                                       f"{len(state.params)} parameters")
     count = state.count
     lr = self.learning_rate(count) if callable(self.learning_rate) else self.learning_rate
-    states = []                                                              # 1. statistics
-    for g, st, plan in zip(gs, state.params, plans):
-        stats = _per_layer(plan, lambda s, g,
-                           plan=plan: new_statistics(s, g, plan, self.b2, self.sprec,
-                                                                        partial(split_gram, names=plan.names)))(st.stats, g) if st.stats else ()
-        lead = ("layers",) if plan.layers else ()
-        states.append(st._replace(stats=tuple(_constrain_fit(x, lead + MATRIX_AXES) for x in stats)))
-    old = [st.roots for st in states]                                        # 2. preconditioners, every N steps
-    if any(st.stats for st in states):
-        fresh = lambda: self.refresh_roots(states, plans)
-        roots = fresh() if self.preconditioning_compute_steps == 1 else \
-            lax.cond(count % self.preconditioning_compute_steps == 0, fresh, lambda: old)
-    else: roots = old
-    updates, new = [], []                                                    # 3. directions
+    states = self.new_stats(gs, state.params, plans)                          # 1. statistics
+    roots = self.new_roots(states, plans, count)                              # 2. preconditioners, every N steps
+    updates, new = [], []                                                     # 3. directions
     for g, x, st, r, plan in zip(gs, xs, states, roots, plans):
         diag = st.diag if self.keeps_diag else None
         f = _per_layer(plan, lambda g, x, d, m, gm, r, plan=plan: self.direction(g, x, d, m, gm, r, plan, count))
@@ -296,8 +334,10 @@ def shampoo_state_axes(state: ShampooState, params) -> list[tuple]:
 DATA_AXES = ("dp", "fsdp")
 
 def spread_spec(spec: P, shape, mesh, axes=DATA_AXES) -> P:
-    "`spec` with every mesh axis of `axes` it leaves unused (and longer than 1) added to the first dimension it still divides evenly."
-    dims = [() if a is None else a if isinstance(a, tuple) else (a,) for a in tuple(spec) + (None,) * (len(shape) - len(spec))]
+    """`spec` with every mesh axis of `axes` it leaves unused (and longer than 1) added to the first dimension it still
+    divides evenly."""
+    dims = [() if a is None else a if isinstance(a, tuple) else (a,)
+            for a in tuple(spec) + (None,) * (len(shape) - len(spec))]
     used = {a for d in dims for a in d}
     for a in axes:
         if a in used or mesh.shape.get(a, 1) == 1: continue
@@ -325,10 +365,12 @@ def opt_state_shardings(opt_state, params, mesh, rules=RULES):
 
 # %% ../nbs/13b_shampoo.ipynb #afb52b03
 def shampoo_from_config(cfg: StageConfig, lr) -> optax.GradientTransformation:
-    "The `StageConfig`'s Shampoo (DALL·E Mega's fixed choices: ε's, momentum as a moving average, no weight decay unless set)."
+    """The `StageConfig`'s Shampoo (DALL·E Mega's fixed choices: ε's, momentum as a moving average, no weight decay
+    unless set)."""
     return distributed_shampoo(lr, cfg.shampoo_block, b1=cfg.b1, b2=cfg.b2, weight_decay=cfg.weight_decay,
-                               start_preconditioning_step=cfg.shampoo_start, preconditioning_compute_steps=cfg.shampoo_every,
-                               graft=cfg.shampoo_graft, nesterov=cfg.shampoo_nesterov, moving_average_for_momentum=True,
+                               start_preconditioning_step=cfg.shampoo_start,
+                               preconditioning_compute_steps=cfg.shampoo_every, graft=cfg.shampoo_graft,
+                               nesterov=cfg.shampoo_nesterov, moving_average_for_momentum=True,
                                skip_preconditioning_dim_size_gt=cfg.shampoo_skip_gt)
 
 # %% ../nbs/13b_shampoo.ipynb #906c3f77

@@ -104,7 +104,8 @@ def _mat_pow(m, p: int, mm):
 
 # %% ../nbs/13a_shampoo_math.ipynb #69ec23cf
 def _newton_root(a, p: int, ridge, iters, tol, mm):
-    "`(a + ridge·I)^(-1/p)` by the coupled Newton iteration, and its final error; retried with a 10× larger ridge (up to 6 times) while the error exceeds 0.05."
+    """`(a + ridge·I)^(-1/p)` by the coupled Newton iteration, and its final error; retried with a 10× larger ridge
+    (up to 6 times) while the error exceeds 0.05."""
     n = a.shape[-1]
     eye = jnp.eye(n, dtype=a.dtype)
     alpha = -1.0 / p
@@ -184,7 +185,8 @@ def make_plan(shape, names=None, *, block_size: int = 2048, merge_max: int = 409
 
 # %% ../nbs/13a_shampoo_math.ipynb #df454537
 def new_statistics(stats, g, plan: Plan, b2: float, precision=None, gram_fn=gram) -> tuple:
-    "β₂·S + (1-β₂)·Gram (`gram_fn(block, axis, precision)`) for every block and axis of one layer's gradient `g` (β₂ = 1: plain sums, as Adagrad)."
+    """β₂·S + (1-β₂)·Gram (`gram_fn(block, axis, precision)`) for every block and axis of one layer's gradient `g`
+    (β₂ = 1: plain sums, as Adagrad)."""
     w2 = 1.0 if b2 == 1.0 else 1.0 - b2
     blocks = partition(g.reshape(plan.merged), plan.splits)
     grams = [gram_fn(b, axis, precision) for b in blocks for axis in range(b.ndim)]
