@@ -74,9 +74,9 @@ def _operands(rest: str) -> list[str]:
     return [a.strip().lstrip("%") for a in rest.split(")")[0].split(",") if a.strip()]
 
 def _param_reads(comps: dict, fused: str) -> dict[int, int | None]:
-    "Parameter number → bytes a fused computation reads of it when it reads only slices (dynamic-slice, gather: the "
-    "slice; "
-    "a buffer updated in place, with nothing reading it but the update: 0); absent when it reads it whole."
+    ("Parameter number → bytes a fused computation reads of it when it reads only slices (dynamic-slice, gather: the "
+     "slice; "
+     "a buffer updated in place, with nothing reading it but the update: 0); absent when it reads it whole.")
     instrs = comps[fused]["instrs"]
     params = {n: int(re.match(r"(\d+)", r)[1]) for n, s, op, r in instrs if op == "parameter"}
     alias = {n: n for n in params}                        # a parameter seen through bitcasts
@@ -97,9 +97,9 @@ def _param_reads(comps: dict, fused: str) -> dict[int, int | None]:
 
 # %% ../nbs/16b_gpu.ipynb #c78527a7
 def _kernel(comps: dict, comp: dict, ins) -> tuple[str, int]:
-    "`(kind, bytes read)` of one instruction that runs as kernels of its own: a fusion (by name: `gemm_fusion_dot`, "
-    "…), a custom call (by target: `__cublas$gemm`, …) or a plain op; slices read as slices, in-place updates as "
-    "their update."
+    ("`(kind, bytes read)` of one instruction that runs as kernels of its own: a fusion (by name: `gemm_fusion_dot`, "
+     "…), a custom call (by target: `__cublas$gemm`, …) or a plain op; slices read as slices, in-place updates as "
+     "their update.")
     n, shape, op, rest = ins
     sizes = [hlo_nbytes(comp["shapes"].get(a, "")) for a in _operands(rest)]
     if op == "fusion":
@@ -144,9 +144,9 @@ def _outer_loops(comps: dict, name: str) -> list[str]:
 
 # %% ../nbs/16b_gpu.ipynb #b9e1d3a7
 def step_reads(text: str, tokens: int) -> dict:
-    "What a token step of a compiled sampling program (its HLO text) runs and reads: the outermost loops' bodies × "
-    "trips, over `tokens` steps. `{'loops', 'kernels', 'bytes', 'by_kind': {kind: [kernels, bytes]}, 'largest'}` "
-    "per step."
+    ("What a token step of a compiled sampling program (its HLO text) runs and reads: the outermost loops' bodies × "
+     "trips, over `tokens` steps. `{'loops', 'kernels', 'bytes', 'by_kind': {kind: [kernels, bytes]}, 'largest'}` "
+     "per step.")
     module = parse_hlo(text)
     comps, entry, _ = module
     trips = {b: t for b, t, exact in walk_hlo(module, lambda *a: None)}
@@ -231,9 +231,9 @@ def compile_for(fn, args, device):
 
 # %% ../nbs/16b_gpu.ipynb #9cb7cc9f
 def sampling_program(cfg, images: int, quantize: str | None = "bfloat16"):
-    "`(fn, abstract args, rows)` of the program `Pipeline` compiles to draw `images` images of one caption with "
-    "`cfg`'s sampling settings: the BART unrolled and served (`serve_all`), every token in one loop "
-    "(`dalle_nb.sample.generate`)."
+    ("`(fn, abstract args, rows)` of the program `Pipeline` compiles to draw `images` images of one caption with "
+     "`cfg`'s sampling settings: the BART unrolled and served (`serve_all`), every token in one loop "
+     "(`dalle_nb.sample.generate`).")
     import jax, jax.numpy as jnp
     from flax import nnx
     from dalle_nb.bart import DalleBart

@@ -186,10 +186,33 @@ def _accumulated_fn(replica_grads, grad_accum: int, reduce, replicas: int, data,
                 rest)
     return accumulated
 
+# %% ../nbs/15_train.ipynb #368eafa6
+def _pinned(tree, shardings):
+    "`tree` held to `shardings` (a matching tree of shardings, or None: left to the compiler)."
+    return tree if shardings is None else jax.lax.with_sharding_constraint(tree, shardings)
+
+def _cond_pins(shardings, extras: bool) -> tuple | None:
+    "The stored layouts of what the non-finite guard returns: parameters, other variables, optimiser, reduction state."
+    if shardings is None: return None
+    o = shardings.opt if extras else StepExtras(shardings.opt, optax.EmptyState(), optax.EmptyState())
+    return shardings.params, shardings.rest, o.tx, o.reduce
+
+def _guarded_update(tx, g, opt, state, rest, comm, finite, pins):
+    "The optimiser's update where `finite`, else the state as it was; each result held to its layout in `pins`."
+    def apply(_):
+        updates, o = tx.update(g, opt.tx, state.params)
+        new = jax.tree.map(lambda n, o: n.astype(o.dtype), optax.apply_updates(state.params, updates), state.params)
+        return new, rest, _pinned(o, pins and pins[2]), comm      # parameters keep their dtype (bfloat16 ones too)
+    keep = lambda _: (state.params, state.rest, opt.tx, opt.reduce)
+    return _pinned(jax.lax.cond(finite, apply, keep, None), pins)
+
+
 # %% ../nbs/15_train.ipynb #85c2fd97
-def _train_step_fn(accumulated, tx, reduce, mesh: Mesh, rules, extras: bool, block_scales: int, scale_growth: int):
+def _train_step_fn(accumulated, tx, reduce, mesh: Mesh, rules, extras: bool, block_scales: int, scale_growth: int,
+                   shardings: TrainState | None = None):
     ("`train_step(state, batch, key) -> (state, metrics)`: gradients, the non-finite guard, the reduction, the update, "
-     "the scales.")
+     "the scales; the guard's results held to `shardings`' layout.")
+    pins = _cond_pins(shardings, extras)
     def train_step(state: TrainState, batch, key):
         opt = state.opt if extras else StepExtras(state.opt, optax.EmptyState(), optax.EmptyState())
         scales = opt.scales.scale if block_scales else None
@@ -197,13 +220,7 @@ def _train_step_fn(accumulated, tx, reduce, mesh: Mesh, rules, extras: bool, blo
             loss, g, flags, metrics, rest = accumulated(state, batch, key, scales)
             finite = jnp.isfinite(loss) & jnp.all(jnp.stack([jnp.isfinite(x).all() for x in jax.tree.leaves(g)]))
             g, comm = reduce.update(g, opt.reduce) if reduce else (g, opt.reduce)     # the (compressed) all-reduce
-            def apply(_):
-                updates, o = tx.update(g, opt.tx, state.params)
-                new = jax.tree.map(lambda n, o: n.astype(o.dtype), optax.apply_updates(state.params, updates),
-                                   state.params)
-                return new, rest, o, comm           # parameters keep their dtype (bfloat16 ones too)
-            params, rest, o, comm = jax.lax.cond(finite, apply,
-                                                 lambda _: (state.params, state.rest, opt.tx, opt.reduce), None)
+            params, rest, o, comm = _guarded_update(tx, g, opt, state, rest, comm, finite, pins)
         if block_scales:
             metrics = {**metrics, "overflowed_blocks": (flags > 0).sum().astype(jnp.float32)}
             opt = opt._replace(scales=update_scales(opt.scales, flags, growth_interval=scale_growth))
@@ -266,7 +283,7 @@ def make_sharded_train_step(loss_fn, model, tx: optax.GradientTransformation, me
     grads = _replica_grads_fn(_grads_fn(graphdef, loss_fn, loss_scale, compute_dtype), red, replicas, rules)
     extras = reduce is not None or block_scales > 0
     train_step = _train_step_fn(_accumulated_fn(grads, grad_accum, red, replicas, data, shardings), tx, red, mesh,
-                                rules, extras, block_scales, scale_growth)
+                                rules, extras, block_scales, scale_growth, shardings)
     step = jax.jit(train_step, in_shardings=(shardings, data, rep), out_shardings=(shardings, rep), donate_argnums=0)
     return TrainStep(_init_fn(opt_init, shardings, mesh, rules), step, shardings, _with_shardings(abstract, shardings),
                      mesh, tuple(rules), graphdef)
