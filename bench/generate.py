@@ -256,7 +256,7 @@ def step_floor(width: str, quantize: str, rows: int, measured: dict, cache: str 
             and "encoder_attn/v_proj" not in k}
     weights = sum(v.size * np.dtype(v.dtype).itemsize for v in read.values())
     params = sum(v.size for v in read.values())
-    layout = default_layout()
+    layout = default_layout(rows * cfg.decoder_layers * 2 * cfg.d_model * TOKENS * 4)    # the rows' whole float32 cache
     cache = cache or layout["cache"]
     per_pos = {"float32": 4, "bfloat16": 2, "int8": 1 + 4 / cfg.head_dim}[cache]          # int8: + a float32 scale per head
     cross_b = 4 if cache == "float32" else 2                                                # the captions' K/V: 16-bit unless float32

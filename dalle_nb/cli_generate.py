@@ -83,7 +83,7 @@ def _writable(out: Path, names: list[str]) -> list[Path]:
 
 def _folders(prompts: list[str]) -> list[str]:
     "A distinct folder name per prompt: its slug, then -2, -3 … for repeats."
-    from dalle_nb.pipeline import slug
+    from dalle_nb.results import slug
     seen, out = {}, []
     for p in prompts:
         s = slug(p); seen[s] = seen.get(s, 0) + 1
@@ -212,7 +212,7 @@ def _say_written(written: dict, folders):
 # %% ../nbs/11b_cli_generate.ipynb #d13ecf99
 def cmd_generate(a) -> int:
     "Generate images for a prompt (or `--prompts FILE`, or again `--from PNG`), writing each PNG as its batch finishes."
-    from dalle_nb.pipeline import ImageFolder
+    from dalle_nb.results import ImageFolder
     if not a.out.strip(): raise UsageError("--out is empty: name the directory for the images")
     if a.from_png is not None: return _regenerate(a)
     if a.keep_rows is not None and a.image_prompt is None:
@@ -273,7 +273,8 @@ def _draw(pipe, st, prompts, a, folders, out: Path):
 # %% ../nbs/11b_cli_generate.ipynb #fb1d78f2
 def _regenerate(a) -> int:
     "`generate --from PNG`: draw the image a PNG's generation record describes again, into `--out`."
-    from dalle_nb.pipeline import Pipeline, read_record
+    from dalle_nb.pipeline import Pipeline
+    from dalle_nb.results import read_record
     from dalle_nb.modeldir import ModelDirError
     from dalle_nb.hub import HubError
     given = [f for f in ("prompt", "prompts", "n", "rerank", "cond_scale", "seed", "temperature", "top_k", "top_p",

@@ -220,12 +220,14 @@ def compile_for(fn, args, device):
     "Compile `fn` for `device` (abstract `args`, placed there), without the compilation cache: `(compiled, seconds)`."
     import jax, numpy as np
     from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+    from dalle_nb.layers import serving_for
     sh = NamedSharding(Mesh(np.array([device]), ("x",)), P())
     args = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sh), args)
     cache = jax.config.jax_enable_compilation_cache
     jax.config.update("jax_enable_compilation_cache", False)       # time a real compile; keep GPU programs out
     try:
-        t0 = time.perf_counter(); compiled = jax.jit(fn).lower(*args).compile()
+        with serving_for(device.platform):                         # served layers as that machine runs them
+            t0 = time.perf_counter(); compiled = jax.jit(fn).lower(*args).compile()
         return compiled, time.perf_counter() - t0
     finally: jax.config.update("jax_enable_compilation_cache", cache)
 

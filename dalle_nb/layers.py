@@ -6,7 +6,7 @@ Docs: https://dalle-nb.github.io/dalle_nb/layers.html.md"""
 
 # %% ../nbs/04_layers.ipynb #23207d43
 from __future__ import annotations
-import contextvars, math, os, re
+import contextlib, contextvars, math, os, re
 from functools import partial
 import jax, jax.numpy as jnp
 from flax import nnx
@@ -17,7 +17,8 @@ from jax.sharding import PartitionSpec as P
 # %% auto #0
 __all__ = ['YNN_FUSIONS', 'LOGICAL_AXES', 'QUANTIZE', 'ACTIVATIONS', 'xla_cpu_defaults', 'dtype_of', 'param', 'shapes_only',
            'abstract_module', 'count_params', 'logical_to_spec', 'constrain', 'normal', 'Linear', 'quantize_rows',
-           'served_kernel', 'kernel_first', 'Embed', 'serve_all', 'Norm', 'Conv', 'gelu', 'quick_gelu', 'swish']
+           'served_kernel', 'kernel_first', 'serving_target', 'serving_for', 'Embed', 'serve_all', 'Norm', 'Conv',
+           'gelu', 'quick_gelu', 'swish']
 
 # %% ../nbs/04_layers.ipynb #c22d4f45
 # XLA:CPU's YNNPACK fusions per purpose
@@ -140,6 +141,29 @@ def _served_kernel(w, quantize):
     q, scale = quantize_rows(w)
     return q, scale[..., 0]
 
+# %% ../nbs/04_layers.ipynb #a1f3c9e2
+def kernel_first(x, w):
+    ("`x [..., in] · w [out, in]` computed as `w · xᵀ` `[out, rows]` and held in that layout before turning back: "
+     "XLA:CPU's float32 dot reads a kernel about twice as fast this way at a few rows (its own choice of layout, "
+     "undone by the barrier, is the slow one).")
+    rows = x.reshape(-1, x.shape[-1]).astype(w.dtype)
+    y = jax.lax.optimization_barrier(jax.lax.dot_general(w, rows, (((1,), (1,)), ((), ()))))
+    return y.T.reshape(*x.shape[:-1], w.shape[0])
+
+_TARGET = contextvars.ContextVar("dalle_nb_serving_target", default=None)
+
+def serving_target() -> str:
+    "The platform served layers are traced for: `serving_for`'s, else this process's default backend."
+    return _TARGET.get() or jax.default_backend()
+
+@contextlib.contextmanager
+def serving_for(platform: str):
+    "Within: served layers traced for `platform` (`'gpu'`…), not this process's backend: a compile for another machine."
+    token = _TARGET.set(platform)
+    try: yield
+    finally: _TARGET.reset(token)
+
+
 # %% ../nbs/04_layers.ipynb #d5830dea
 @patch_to(Linear)
 def serve(self: Linear, quantize: str | None = None, kernel=None) -> Linear:
@@ -152,20 +176,12 @@ def serve(self: Linear, quantize: str | None = None, kernel=None) -> Linear:
     self.kernel, self.served = nnx.Param(w), True
     return self
 
-def kernel_first(x, w):
-    ("`x [..., in] · w [out, in]` computed as `w · xᵀ` `[out, rows]` and held in that layout before turning back: "
-     "XLA:CPU's float32 dot reads a kernel about twice as fast this way at a few rows (its own choice of layout, "
-     "undone by the barrier, is the slow one).")
-    rows = x.reshape(-1, x.shape[-1]).astype(w.dtype)
-    y = jax.lax.optimization_barrier(jax.lax.dot_general(w, rows, (((1,), (1,)), ((), ()))))
-    return y.T.reshape(*x.shape[:-1], w.shape[0])
-
 @patch_to(Linear)
 def _served(self: Linear, x):
     "The serving form's matmul, accumulated in float32 (int32 for int8 rows × int8 kernel)."
     w = self.kernel[...]
     dn = (((x.ndim - 1,), (w.ndim - 1,)), ((), ()))
-    if self.scale is None and w.dtype == jnp.float32 and jax.default_backend() == "cpu":
+    if self.scale is None and w.dtype == jnp.float32 and serving_target() == "cpu":
         y = kernel_first(x, w)
     elif self.scale is None:
         y = jax.lax.dot_general(x.astype(w.dtype), w, dn, preferred_element_type=jnp.float32)

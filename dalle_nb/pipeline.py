@@ -6,17 +6,18 @@ Docs: https://dalle-nb.github.io/dalle_nb/pipeline.html.md"""
 
 # %% ../nbs/10_pipeline.ipynb #e03fa167
 from __future__ import annotations
-import itertools, json, math, re, reprlib, time, unicodedata, warnings
-from dataclasses import dataclass, field, replace
+import math, re, reprlib, time, warnings
+from dataclasses import dataclass, replace
 from pathlib import Path
 import numpy as np
 import jax, jax.numpy as jnp
 from flax import nnx
 from fastcore.basics import patch
-from .images import (image_grid, save_png, png_text, to_uint8, to_float, load_image, center_crop_resize,
-                             ImageFileError, remove_stale_temps)
+from .images import to_uint8, to_float, load_image, center_crop_resize, ImageFileError
 from .modeldir import Models, load_models, default_model_dir
 from .clip import clip_scores
+# 09d_results; the file helpers stay importable from here (`dalle_nb.pipeline.read_record`, …)
+from .results import Result, ImageFolder, slug, image_name, read_record
 from .sample import generate as sample_tokens, generate_steps, row_keys, state_bytes
 from .bart import CACHE_DTYPES
 from .layers import xla_cpu_defaults, serve_all, QUANTIZE
@@ -25,9 +26,8 @@ from .widget import panel                 # the ipywidgets panel behind `widget`
 xla_cpu_defaults("generate")       # generation's XLA:CPU flags (04_layers), while no computation has run yet
 
 # %% auto #0
-__all__ = ['SettingError', 'check_setting', 'serving_models', 'PromptError', 'Pipeline', 'Step', 'Result', 'Best',
-           'roundtrip_table', 'slug', 'image_name', 'read_record', 'ImageFolder', 'available_memory',
-           'show_completions', 'generate', 'widget']
+__all__ = ['SettingError', 'check_setting', 'serving_models', 'PromptError', 'Pipeline', 'Step', 'Best', 'roundtrip_table',
+           'available_memory', 'show_completions', 'generate', 'widget']
 
 # %% ../nbs/10_pipeline.ipynb #30b1a4dd
 class SettingError(ValueError):
@@ -306,37 +306,6 @@ def stream(self: Pipeline, prompts, n=None, rerank=None, cond_scale=None, seed=0
         done += len(p)
         yield Step(p, i, to_uint8(images), toks, t, self.image_len, done, total, scores)
 
-# %% ../nbs/10_pipeline.ipynb #ae56c0a0
-@dataclass
-class Result:
-    "Images (uint8, best first), their CLIP scores (None without reranking) and how they were made."
-    prompt: str
-    images: np.ndarray
-    scores: np.ndarray | None
-    tokens: np.ndarray
-    indices: np.ndarray                 # candidate index of each returned image (its seed offset)
-    settings: dict = field(default_factory=dict)
-    seconds: float = 0.0
-    model: str = ""                     # "shipped" or the model directory's path
-    repeats: int = 0                    # candidates left out of the ranking as pixel-identical to a better one
-
-    def grid(self, ncols=None, limit: int = 64) -> np.ndarray:
-        "The first `limit` images (best first) tiled into one picture."
-        return image_grid(self.images[:limit], ncols=ncols)
-
-    def record(self, rank: int) -> dict:
-        "Everything that made image `rank`: prompt, seed, index, settings, model, package version, its tokens."
-        from dalle_nb import __version__
-        score = None if self.scores is None else round(float(self.scores[rank]), 5)
-        return dict(prompt=self.prompt, seed=self.settings.get("seed"), index=int(self.indices[rank]), rank=rank,
-                    clip_score=score, settings=self.settings, model=self.model, version=__version__,
-                    tokens=[int(t) for t in self.tokens[rank]])
-
-    def save(self, out_dir) -> list[Path]:
-        ("Write each image as `{prompt slug}_seed{seed}_{index}.png` carrying its `record`, best first, then "
-         "`grid.png`; returns the paths.")
-        return ImageFolder(out_dir).sync(self)
-
 # %% ../nbs/10_pipeline.ipynb #0b8ea453
 class Best:
     "The best `k` distinct finished candidates of a prompt by CLIP score, best first (with `k` 0: all, in index order)."
@@ -426,93 +395,6 @@ def roundtrip_table(pipe: Pipeline, k: int = 24, seed: int = 0) -> dict:
                 out[c, s, sz] = float(np.mean([caption_match(im, f"a {sz} {c} {s}")
                                                for im in pipe.decode(ids.reshape(k, -1))]))
     return out
-
-# %% ../nbs/10_pipeline.ipynb #84b708ff
-def slug(prompt: str, max_len: int = 60) -> str:
-    ("A file-name-safe form of `prompt`: ASCII words joined by '-', at most `max_len` characters ('prompt' if none are "
-     "left).")
-    s = unicodedata.normalize("NFKD", str(prompt)).encode("ascii", "ignore").decode().lower()
-    s = re.sub(r"[^a-z0-9]+", "-", s).strip("-")[:max_len].rstrip("-")
-    return s or "prompt"
-
-def image_name(prompt: str, seed: int, index: int) -> str:
-    "The file name of candidate `index` of `prompt` with `seed`."
-    return f"{slug(prompt)}_seed{seed}_{index:04d}.png"
-
-def read_record(path) -> dict:
-    "The generation record a `dalle_nb` PNG carries (`Result.record`); `ValueError` if it has none."
-    rec = png_text(path).get("dalle_nb")
-    if rec is None: raise ValueError(f"{path}: no dalle_nb generation record in its PNG text chunks")
-    try: rec = json.loads(rec)
-    except json.JSONDecodeError: raise ValueError(f"{path}: its dalle_nb generation record is not valid JSON") from None
-    if not isinstance(rec, dict) or not isinstance(rec.get("settings", {}), dict):
-        raise ValueError(f"{path}: its dalle_nb generation record is not a record (a JSON object with a settings "
-                         "object)")
-    return rec
-
-# %% ../nbs/10_pipeline.ipynb #c49152de
-class ImageFolder:
-    ("A folder kept in step with a growing `Result`: new images written, dropped ones deleted, the grid rewritten — "
-     "this run's files only.")
-    def __init__(self, out_dir):
-        # files: candidate → (rank, path)
-        self.dir, self.files, self.grid_path, self.key = Path(out_dir), {}, None, None
-
-    def _save(self, image, name: str, text: dict, mine: Path | None) -> Path:
-        ("Write `image` over `mine` (this run's file), else as `name` or, where another run's file has that name, "
-         "`stem-2.png`, `-3` …")
-        if mine is not None: return save_png(image, mine, text)
-        for k in itertools.count(1):
-            try: return save_png(image, self.dir / (name if k == 1 else f"{name[:-4]}-{k}.png"), text, replace=False)
-            except FileExistsError: pass
-
-# %% ../nbs/10_pipeline.ipynb #ff3d20dd
-@patch
-def _adopt(self: ImageFolder, r: Result):
-    ("Once, at the first sync: take over the files an earlier run of this very request left (the same images); "
-     "clear dead writers' temporaries.")
-    self.key = json.dumps(dict(prompt=r.prompt, settings=r.settings, model=r.model), sort_keys=True)
-    remove_stale_temps(self.dir)
-    for p in sorted(self.dir.glob(f"{slug(r.prompt)}_seed*.png")):
-        try: rec = read_record(p)
-        except (ValueError, ImageFileError): continue                 # not ours to judge, nor to touch
-        key = json.dumps(dict(prompt=rec.get("prompt"), settings=rec.get("settings"), model=rec.get("model")),
-                         sort_keys=True)
-        if key == self.key and isinstance(rec.get("index"), int):
-            self.files.setdefault(rec["index"], (rec.get("rank"), p))
-    try: grid_key = png_text(self.dir / "grid.png").get("dalle_nb_request")
-    except ImageFileError: grid_key = None
-    self.grid_path = self.dir / "grid.png" if grid_key == self.key else None
-
-# %% ../nbs/10_pipeline.ipynb #257d8e3a
-@patch
-def sync(self: ImageFolder, r: Result, grid: bool = True) -> list[Path]:
-    "Bring the folder up to `r`; returns the image paths, best first (then the grid's)."
-    if self.key is None: self._adopt(r)
-    ranks = {int(i): k for k, i in enumerate(r.indices)}
-    for i in set(self.files) - set(ranks): self.files.pop(i)[1].unlink(missing_ok=True)
-    for i, k in ranks.items():
-        if r.scores is None and i in self.files: continue               # unranked: a file on disk never changes
-        if self.files.get(i, (None,))[0] != k or r.scores is not None:   # new, moved, or its score/rank to update
-            rec = r.record(k)
-            text = {"prompt": r.prompt, "seed": rec["seed"], "index": i, "model": r.model,
-                    "Software": f"dalle_nb {rec['version']}", "dalle_nb": json.dumps(rec)}
-            self.files[i] = (k, self._save(r.images[k], image_name(r.prompt, rec["seed"], i), text,
-                                           self.files.get(i, (0, None))[1]))
-    paths = [self.files[i][1] for i in ranks]
-    return paths + [self._grid(r.grid())] if grid and paths else paths
-
-@patch
-def _grid(self: ImageFolder, image) -> Path:
-    "Write the grid: `grid.png`, or `grid-2.png` … where another run's grid is."
-    self.grid_path = self._save(image, "grid.png", {"dalle_nb_request": self.key}, self.grid_path)
-    return self.grid_path
-
-@patch
-def regrid(self: ImageFolder) -> Path | None:
-    "Rewrite the grid from the images on disk, best first (after a `sync` was interrupted); None if there are none."
-    paths = [p for _, p in sorted(self.files.values(), key=lambda rp: (rp[0] is None, rp[0] or 0))][:64]
-    return self._grid(image_grid(np.stack([load_image(p) for p in paths]))) if paths else None
 
 # %% ../nbs/10_pipeline.ipynb #0a2e3327
 @patch

@@ -14,8 +14,8 @@ from .bart import DalleBart, text_mask, CACHE_DTYPES
 from .dalle import DalleTransformer
 
 # %% auto #0
-__all__ = ['DEFAULT_LAYOUT', 'kth_largest', 'filter_logits', 'supercondition', 'keep_plausible', 'row_keys', 'caption_runs',
-           'default_layout', 'generate', 'generate_steps', 'state_bytes']
+__all__ = ['DEFAULT_LAYOUT', 'CPU_STAGED', 'kth_largest', 'filter_logits', 'supercondition', 'keep_plausible', 'row_keys',
+           'caption_runs', 'default_layout', 'generate', 'generate_steps', 'state_bytes']
 
 # %% ../nbs/07_sample.ipynb #11030af5
 def kth_largest(x, k: int):
@@ -188,17 +188,23 @@ def _checked(model, text_ids, keys, blank_ids, cond_scale, temperature, top_k, t
 
 # %% ../nbs/07_sample.ipynb #3b5e7a10
 # float32 stays the CPU's cache (no faster in bfloat16 there: the decode-floor figures linked above); accelerators
-# read half the bytes in bfloat16. Stages: the same figures.
+# read half the bytes in bfloat16. Stages: the same figures; a CPU grows only a large cache in stages (CPU_STAGED).
 DEFAULT_LAYOUT = {"cpu": dict(cache="float32", stages=1), "accelerator": dict(cache="bfloat16", stages=8)}
+CPU_STAGED = (8, 256 * 2**20)          # on a CPU: 8 stages for a float32 self-attention cache of 256 MiB or more
 
-def default_layout() -> dict:
-    "This backend's `DEFAULT_LAYOUT`: `dict(cache, stages)`."
-    return DEFAULT_LAYOUT["cpu" if jax.default_backend() == "cpu" else "accelerator"]
+def default_layout(cache_bytes: int = 0) -> dict:
+    ("This backend's `DEFAULT_LAYOUT`: `dict(cache, stages)`; on a CPU `CPU_STAGED`'s stages where the rows' whole "
+     "float32 self-attention cache, `cache_bytes`, is at least its size.")
+    if jax.default_backend() != "cpu": return DEFAULT_LAYOUT["accelerator"]
+    stages, from_bytes = CPU_STAGED
+    return {**DEFAULT_LAYOUT["cpu"], **({"stages": stages} if cache_bytes >= from_bytes else {})}
 
 def _layout(model, text_ids, blank_ids, guided: bool, cache=None, stages=None, runs=None) -> tuple[dict, int]:
     ("The cache's static layout `(dict(runs, cache), stages)` for these rows: this backend's defaults where `None`; "
      "`runs` (rows per caption) found from the ids where `None`, which must then be concrete (not traced).")
-    default = default_layout()
+    c, rows = model.cfg, len(text_ids) * (2 if guided else 1)
+    full = c.decoder_layers * rows * 2 * c.d_model * c.image_len * 4 if isinstance(model, DalleBart) else 0
+    default = default_layout(full)
     cache, stages = cache or default["cache"], default["stages"] if stages is None else stages
     if cache not in CACHE_DTYPES:
         raise ValueError(f"generate: cache must be one of {', '.join(CACHE_DTYPES)}, got {cache!r}")

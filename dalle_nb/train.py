@@ -8,13 +8,11 @@ Docs: https://dalle-nb.github.io/dalle_nb/train.html.md"""
 from __future__ import annotations
 import contextlib, json, time
 from pathlib import Path
-from fastcore.basics import patch
 from typing import Any, Callable, NamedTuple
 import numpy as np
 import jax, jax.numpy as jnp
 import optax
 from flax import nnx
-import orbax.checkpoint as ocp
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from jax.experimental import multihost_utils
 from flax.core import spmd as flax_spmd
@@ -27,10 +25,11 @@ from .shampoo import ShampooState, opt_state_shardings as shampoo_state_sharding
 from .powersgd import (GradReduction, PowerSGDState, powersgd, mean_reduction,
                                state_shardings as powersgd_state_shardings)
 from .gradscale import scaled_residual, init_scales, update_scales
+from .checkpoint import Checkpointer, CheckpointError           # 14c_checkpoint; importable from here too
 
 # %% auto #0
-__all__ = ['TrainState', 'opt_state_shardings', 'TrainStep', 'StepExtras', 'make_sharded_train_step', 'make_train_step',
-           'CheckpointError', 'Checkpointer', 'fit', 'plot_history']
+__all__ = ['TrainState', 'opt_state_shardings', 'TrainStep', 'StepExtras', 'make_sharded_train_step', 'make_train_step', 'fit',
+           'plot_history']
 
 # %% ../nbs/15_train.ipynb #4f63824b
 class TrainState(NamedTuple):
@@ -308,94 +307,6 @@ def make_train_step(loss_fn, grad_accum: int = 1):
         optimizer.step[...] += 1
         return metrics
     return step
-
-# %% ../nbs/15_train.ipynb #27c30a4a
-def _pure(tree):
-    "`tree` with nnx Variables replaced by their values (what orbax stores)."
-    return jax.tree.map(lambda x: x.get_value() if isinstance(x, nnx.Variable) else x, tree,
-                        is_leaf=lambda x: isinstance(x, nnx.Variable))
-
-def _save_whole_arrays():
-    ("With one process, orbax writes each replicated array whole instead of a slice per replica (no gain on one host, "
-     "a compile per device).")
-    handler = ocp.type_handlers.get_type_handler(jax.Array)
-    if jax.process_count() == 1 and getattr(handler, "_use_replica_parallel", False):
-        handler._use_replica_parallel = False
-
-# %% ../nbs/15_train.ipynb #dde0e07e
-class CheckpointError(OSError):
-    "A checkpoint that could not be written (a full disk, a lost file system); the complete ones before it are kept."
-
-@contextlib.contextmanager
-def _quiet_orbax():
-    "Within: orbax's and asyncio's logged tracebacks held back (a failed save is reported once, as `CheckpointError`)."
-    import logging
-    loggers = [logging.getLogger(n) for n in ("absl", "asyncio", "orbax")]
-    levels = [l.level for l in loggers]
-    for l in loggers: l.setLevel(logging.CRITICAL)
-    try: yield
-    finally:
-        for l, v in zip(loggers, levels): l.setLevel(v)
-
-def _os_cause(e: BaseException) -> BaseException:
-    "The first `OSError` in `e`'s chain of causes (what a user can act on: no space, no permission), else `e`."
-    seen, x = set(), e
-    while x is not None and id(x) not in seen:
-        if isinstance(x, OSError): return x
-        seen.add(id(x)); x = x.__cause__ or x.__context__
-    return e
-
-# %% ../nbs/15_train.ipynb #d3bdf17a
-class Checkpointer:
-    ("Save/restore a state (any pytree of arrays, sharded or not) and a JSON of metadata under `directory` with orbax; "
-     "keeps the last `keep`.")
-    def __init__(self, directory, keep: int = 2):
-        _save_whole_arrays()
-        self.directory = Path(directory).absolute()
-        opts = ocp.CheckpointManagerOptions(max_to_keep=keep, create=True, enable_async_checkpointing=False,
-                                            cleanup_tmp_directories=True)
-        self.manager = ocp.CheckpointManager(self.directory, options=opts)
-
-    @property
-    def latest(self): return self.manager.latest_step()
-
-    def close(self): self.manager.close()
-
-# %% ../nbs/15_train.ipynb #d9aa088d
-@patch
-def save(self: Checkpointer, step: int, state, meta: dict):
-    ("Write `state` and `meta` as checkpoint `step` (every process calls it; it returns once the checkpoint is "
-     "complete).\n\nA failure is one `CheckpointError` naming the cause, and leaves no partial checkpoint behind.")
-    try:
-        with _quiet_orbax():
-            self.manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(_pure(state)),
-                                                            meta=ocp.args.JsonSave(meta)))
-            self.manager.wait_until_finished()
-    except Exception as e:
-        import shutil
-        for p in self.directory.glob(f"{step}.orbax-checkpoint-tmp*"): shutil.rmtree(p, ignore_errors=True)
-        cause = _os_cause(e)
-        raise CheckpointError(getattr(cause, "errno", None),
-                              f"checkpoint {step} could not be written in {self.directory}: "
-                              f"{getattr(cause, 'strerror', None) or cause}") from None
-
-# %% ../nbs/15_train.ipynb #cff042e5
-@patch
-def meta(self: Checkpointer, step=None) -> dict:
-    "The JSON saved with the checkpoint at `step` (default: latest), read without touching the arrays."
-    step = self.latest if step is None else step
-    return self.manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore())).meta
-
-@patch
-def restore(self: Checkpointer, target, step=None):
-    ("`(state, meta)` of checkpoint `step` (default: latest), laid out like `target` (arrays, or ShapeDtypeStructs "
-     "with shardings).")
-    step = self.latest if step is None else step
-    if step is None: raise FileNotFoundError(f"no checkpoint in {self.directory}")
-    abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, _pure(target))
-    r = self.manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract),
-                                                           meta=ocp.args.JsonRestore()))
-    return jax.tree.unflatten(jax.tree.structure(target), jax.tree.leaves(r.state)), r.meta
 
 # %% ../nbs/15_train.ipynb #770e92bb
 _RESUMABLE = ("steps", "extended_from", "log_every", "eval_every", "ckpt_every", "mesh")   # may change on resume

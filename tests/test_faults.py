@@ -340,7 +340,7 @@ def test_train_killed_at_random_then_resumed(tmp_path):
 def test_a_full_disk_during_a_checkpoint_is_one_error_and_no_partial_checkpoint(tiny_disk, capfd):
     "Item 5 (train): orbax fails on a full tmpfs; one `CheckpointError`, little on stderr, the last checkpoint kept."
     import jax.numpy as jnp
-    from dalle_nb.train import Checkpointer, CheckpointError
+    from dalle_nb.checkpoint import Checkpointer, CheckpointError
     ck = Checkpointer(tiny_disk / "ckpt")
     ck.save(1, {"w": jnp.ones(8)}, {"step": 1})
     capfd.readouterr()

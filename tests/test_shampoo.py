@@ -138,7 +138,7 @@ def test_checkpoint_round_trip_in_training(tmp_path):
     from dalle_nb.config import StageConfig
     from dalle_nb.optim import make_optimizer
     from dalle_nb.layers import Linear
-    from dalle_nb.train import Checkpointer
+    from dalle_nb.checkpoint import Checkpointer
 
     sc = StageConfig(steps=20, lr=0.05, warmup_steps=0, decay="constant", optimizer="shampoo", shampoo_block=4, shampoo_every=2,
                      shampoo_start=1)
