@@ -15,6 +15,7 @@ from flax import nnx
 from .config import BartConfig
 from .layers import (Linear, Embed, Norm, constrain, dtype_of, quantize_rows, gelu, shapes_only,
                              abstract_module, count_params)
+from .decode import decode_attend, decode_mode
 from fastcore.basics import patch
 
 # %% auto #0
@@ -43,10 +44,16 @@ def _readable(c, dtype):
     "A cache entry as `(values in a dtype the dots take, scale or None)`."
     return (c.q.astype(dtype), c.scale) if isinstance(c, Int8KV) else (c, None)
 
-def attend_cached(q, k, v, mask):
+def attend_cached(q, k, v, mask, length=None):
     ("`attend` to a decoding cache laid out `[B,H,D,Tk]` (k and v: float32, bfloat16 or `Int8KV`), the layout "
      "the dots take as it is, so a step reads each layer's cache once instead of first transposing it (on a CPU "
-     "that copy cost a third of the step). An 8-bit entry's scales multiply the scores (keys) and the probabilities.")
+     "that copy cost a third of the step). An 8-bit entry's scales multiply the scores (keys) and the "
+     "probabilities.\n\n"
+     "`length`: a token step's positions written (`pos + 1`, one query); where `decode.decode_mode()` serves (a GPU "
+     "Triton runs on) `decode.decode_attend` reads only those.")
+    if length is not None and q.shape[1] == 1 and decode_mode() != "xla":
+        (k, ks), (v, vs) = ((c.q, c.scale) if isinstance(c, Int8KV) else (c, None) for c in (k, v))
+        return decode_attend(q[:, 0], k, v, length, ks, vs, interpret=decode_mode() == "interpret")[:, None]
     (k, ks), (v, vs) = _readable(k, q.dtype), _readable(v, q.dtype)
     scores = jnp.einsum("bqhd,bhdk->bhqk", q.astype(k.dtype), k, preferred_element_type=jnp.float32)
     scores = (scores if ks is None else scores * ks) / math.sqrt(q.shape[-1])
@@ -74,11 +81,11 @@ class Attention(nnx.Module):
         "Keys and values of `x`, split into heads."
         return self.split(self.k_proj(x)), self.split(self.v_proj(x))
 
-    def __call__(self, x, k, v, mask, cached: bool = False):
+    def __call__(self, x, k, v, mask, cached: bool = False, length=None):
         ("Attend from `x` to precomputed keys/values `k, v` (`[B,T,H,D]`, or a decoding cache's `[B,H,D,T]` when "
-         "`cached`).")
+         "`cached`, its first `length` positions written).")
         q = self.split(self.q_proj(x))
-        out = attend_cached(q, k, v, mask) if cached else attend(q, k, v, mask, self.impl)
+        out = attend_cached(q, k, v, mask, length) if cached else attend(q, k, v, mask, self.impl)
         return self.out_proj(out.reshape(*out.shape[:2], -1))
 
 # %% ../nbs/06_bart.ipynb #27d7306a
@@ -181,8 +188,8 @@ def step(self: DecoderLayer, x, pos, text_mask, k_c, v_c, layer, cross_k, cross_
     ("One new position `pos` (`x` is `[B, 1, d]`): write its key/value into the cache, attend to positions ≤ pos.\n\n"
      "The caches are this layer's `[B, heads, head_dim, T]` (`layer=None`) or row `layer` of whole-depth ones "
      "`[L, B, heads, head_dim, T]`; either way written in place (only the new column moves). `T` may be any length "
-     "> pos: the step reads all `T` positions, so a cache grown in stages (`Decoder.grow_cache`) reads only its "
-     "stage's.")
+     "> pos: the XLA path reads all `T` positions, so a cache grown in stages (`Decoder.grow_cache`) reads only its "
+     "stage's; `decode.decode_attend`, where it serves, the positions ≤ pos.")
     mine = (lambda c: c) if layer is None else (lambda c: jax.tree.map(lambda a: a[layer], c))
     def attn(h):
         k, v = (a.transpose(0, 2, 3, 1) for a in self.self_attn.kv(h))           # [B, H, D, 1]
@@ -190,7 +197,7 @@ def step(self: DecoderLayer, x, pos, text_mask, k_c, v_c, layer, cross_k, cross_
         at, k, v = ((0, 0, 0, pos), k, v) if layer is None else ((layer, 0, 0, 0, pos), k[None], v[None])
         k_c, v_c = _write(k_c, k, at), _write(v_c, v, at)
         seen = jnp.arange(jax.tree.leaves(k_c)[0].shape[-1]) <= pos
-        return self.self_attn(h, mine(k_c), mine(v_c), seen, cached=True)
+        return self.self_attn(h, mine(k_c), mine(v_c), seen, cached=True, length=pos + 1)
     x = _residual(x, attn, self.pre_self_attn_layer_norm, self.self_attn_layer_norm, self.postln)
     return self._finish(x, cross_k, cross_v, text_mask, cached=True), k_c, v_c
 

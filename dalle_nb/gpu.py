@@ -10,7 +10,8 @@ import dataclasses, importlib.util, os, re, time
 from dataclasses import dataclass
 from pathlib import Path
 from fastcore.basics import patch
-from .hlo import parse_hlo, walk_hlo, hlo_nbytes
+from .hlo import parse_hlo, walk_hlo, hlo_nbytes, hlo_shapes
+from .decode import decode_positions
 
 # %% auto #0
 __all__ = ['GPU_INSTALL', 'H100', 'GpuError', 'gpu_dir', 'gpu_names', 'gpu_spec', 'cuda_plugin_available', 'gpu_devices',
@@ -43,7 +44,8 @@ def gpu_spec(gpu: str) -> dict:
     cc = re.search(r"cuda_compute_capability\s*\{\s*major:\s*(\d+)(?:\s+minor:\s*(\d+))?", text)
     name = re.search(r'device_description_str:\s*"([^"]*)"', text)
     return {"gpu": path.stem, "name": name[1] if name else path.stem, "memory_bytes": int(num("device_memory_size")),
-            "bandwidth": num("memory_bandwidth"), "sms": int(num("core_count")), "clock_ghz": num("clock_rate_ghz"),
+            "bandwidth": num("memory_bandwidth"), "l2_bytes": int(num("l2_cache_size")), "sms": int(num("core_count")),
+            "clock_ghz": num("clock_rate_ghz"),
             "compute_capability": f"{cc[1]}.{cc[2] or 0}" if cc else "?", "target": text}
 
 # %% ../nbs/16b_gpu.ipynb #3cc5fb0a
@@ -73,43 +75,69 @@ def _operands(rest: str) -> list[str]:
     "The operand names of an instruction (what its text lists before the first closing parenthesis)."
     return [a.strip().lstrip("%") for a in rest.split(")")[0].split(",") if a.strip()]
 
-def _param_reads(comps: dict, fused: str) -> dict[int, int | None]:
-    ("Parameter number → bytes a fused computation reads of it when it reads only slices (dynamic-slice, gather: the "
-     "slice; "
-     "a buffer updated in place, with nothing reading it but the update: 0); absent when it reads it whole.")
-    instrs = comps[fused]["instrs"]
-    params = {n: int(re.match(r"(\d+)", r)[1]) for n, s, op, r in instrs if op == "parameter"}
-    alias = {n: n for n in params}                        # a parameter seen through bitcasts
-    out = {}
-    for n, s, op, r in instrs:
-        ops = _operands(r)
-        if op in ("bitcast", "dynamic-update-slice") and ops and ops[0] in alias:
-            alias[n] = alias[ops[0]]                                # its users read the (updated) buffer
-        if op in ("bitcast", "tuple"): continue                     # a view, or the fusion's outputs: no read
-        for k, a in enumerate(ops):
-            if a not in alias: continue
-            p = params[alias[a]]
-            if k == 0 and op in ("dynamic-slice", "gather"): read = hlo_nbytes(s)
-            elif k == 0 and op == "dynamic-update-slice": read = 0
-            else: read = None
-            out[p] = None if (p in out and out[p] is None) or read is None else out.get(p, 0) + read
-    return {p: b for p, b in out.items() if b is not None}
+_SAME = {"bitcast", "convert", "copy", "reshape", "transpose", "broadcast", "reduce", "select", "compare",
+         "concatenate", "add", "subtract", "multiply", "divide", "maximum", "minimum", "exponential", "negate", "tuple"}
+
+def _share(op: str, k: int, f: float, out: str, operand: str) -> float:
+    ("The share of operand `k` an instruction needs when `f` of its own output is needed: a slice's share of it, "
+     "an element-wise op's or a reduction's the same, any other op's all of it.")
+    if k == 0 and op in ("slice", "dynamic-slice", "gather"): return f * hlo_nbytes(out) / max(hlo_nbytes(operand), 1)
+    return f if op in _SAME or (k > 0 and op in ("dynamic-slice", "gather", "dynamic-update-slice")) else float(f > 0)
+
+def _param_reads(comps: dict, fused: str) -> dict[int, int]:
+    ("Parameter number → bytes a fused computation reads of it, where it reads only part: the share its outputs "
+     "need, followed back through slices (`slice`, `dynamic-slice`, `gather`), element-wise ops and reductions; a "
+     "buffer updated in place by an output's `dynamic-update-slice`, and read by nothing else: 0.")
+    comp = comps[fused]
+    instrs, need, outs = comp["instrs"], {}, {comp["instrs"][-1][0]}      # printed last: the root
+    for n, s, op, r in reversed(instrs):
+        f = max(need.get(n, 0.0), float(n in outs))                        # an output is wanted whole
+        for k, a in enumerate(_operands(r)):
+            if n in outs and op in ("tuple", "bitcast"): outs.add(a); continue    # the outputs themselves
+            shape = comp["shapes"].get(a, "")
+            g = need.get(n, 0.0) if (op, k) == ("dynamic-update-slice", 0) else _share(op, k, f, s, shape)
+            need[a] = max(need.get(a, 0.0), g)
+    return {int(re.match(r"(\d+)", r)[1]): round(need.get(n, 0.0) * hlo_nbytes(s))
+            for n, s, op, r in instrs if op == "parameter" and need.get(n, 0.0) < 1}
 
 # %% ../nbs/16b_gpu.ipynb #c78527a7
-def _kernel(comps: dict, comp: dict, ins) -> tuple[str, int]:
-    ("`(kind, bytes read)` of one instruction that runs as kernels of its own: a fusion (by name: `gemm_fusion_dot`, "
-     "…), a custom call (by target: `__cublas$gemm`, …) or a plain op; slices read as slices, in-place updates as "
-     "their update.")
+def _state(comps: dict, name: str) -> set[str]:
+    ("Names in computation `name` that hold what it was given (its parameters, constants, views of them) or a given "
+     "buffer updated in place (a fusion that writes a parameter-held operand and does not read it).")
+    state = set()
+    for n, s, op, r in comps[name]["instrs"]:
+        ops = _operands(r)
+        if op in ("parameter", "constant") or (op in ("get-tuple-element", "bitcast", "dynamic-update-slice")
+                                               and ops and ops[0] in state):
+            state.add(n)
+        elif op == "fusion" and any(b == 0 and ops[p] in state for p, b in
+                                    _param_reads(comps, re.search(r"calls=%?([\w.\-]+)", r)[1]).items()):
+            state.add(n)
+    return state
+
+def _kernel(comps: dict, comp: dict, ins, state=frozenset()) -> tuple[str, int, int, int]:
+    ("`(kind, bytes read, of them bytes of values made earlier in the step, the largest such value)` of one "
+     "instruction that runs as kernels of its own: a fusion (by name: `gemm_fusion_dot`, …), a custom call (by "
+     "target: `__cublas$gemm`, …) or a plain op; slices read as slices, in-place updates as their update, a "
+     "`decode_attend` kernel's cache at its mean share (`decode.decode_positions`). Operands named in `state` (the "
+     "loop's own arrays: weights, cache) were not made in the step.")
     n, shape, op, rest = ins
-    sizes = [hlo_nbytes(comp["shapes"].get(a, "")) for a in _operands(rest)]
+    names = _operands(rest)
+    reads = [(a, hlo_nbytes(comp["shapes"].get(a, ""))) for a in names]
     if op == "fusion":
         sliced = _param_reads(comps, re.search(r"calls=%?([\w.\-]+)", rest)[1])
-        sizes, kind = [sliced.get(k, b) for k, b in enumerate(sizes)], "fusion " + re.sub(r"\.\d+$", "", n)
+        reads, kind = [(a, sliced.get(k, b)) for k, (a, b) in enumerate(reads)], "fusion " + re.sub(r"\.\d+$", "", n)
     elif op == "custom-call": kind = "custom-call " + re.search(r'custom_call_target="([^"]*)"', rest)[1]
     else: kind = op
-    if op in ("dynamic-slice", "gather"): sizes = [hlo_nbytes(shape)]
-    if op == "dynamic-update-slice": sizes = sizes[1:2]
-    return kind, sum(sizes)
+    if op in ("dynamic-slice", "gather"): reads = [(names[0], hlo_nbytes(shape))]
+    if op == "dynamic-update-slice": reads = reads[1:2]
+    if (m := re.search(r'name = "decode_attend_b(\d+)"', rest)):           # length, query, then the cache's arrays
+        T = hlo_shapes(comp["shapes"][names[2]])[0][1][-1]
+        kind, share = "custom-call decode_attend", decode_positions(T, int(m[1])) / T
+        reads = [(a, b * share if k >= 2 else b) for k, (a, b) in enumerate(reads)]
+    made = [(a, b) for a, b in reads if a not in state]
+    return (kind, sum(b for a, b in reads), sum(b for a, b in made),
+            max((hlo_nbytes(comp["shapes"].get(a, "")) for a, b in made if b), default=0))
 
 # %% ../nbs/16b_gpu.ipynb #e6b8a0d4
 def _called(rest: str) -> list[str]:
@@ -119,8 +147,9 @@ def _called(rest: str) -> list[str]:
                for x in m.split(",")])
 
 def _loop_body(comps: dict, body: str, trips: dict, times: int = 1, out=None) -> list:
-    "`(instruction name, kind, bytes read, times)` of every kernel one trip of `body` runs (nested loops × trips)."
-    out = [] if out is None else out
+    ("`(instruction name, kind, bytes read, of them made in the step, largest such value, times)` of every kernel "
+     "one trip of `body` runs (nested loops × trips).")
+    out, state = [] if out is None else out, _state(comps, body)
     for ins in comps[body]["instrs"]:
         n, shape, op, rest = ins
         if op in _FREE: continue
@@ -129,7 +158,7 @@ def _loop_body(comps: dict, body: str, trips: dict, times: int = 1, out=None) ->
             _loop_body(comps, b, trips, times * trips[b], out)
         elif op in ("call", "conditional"):                                 # each branch counted: an upper bound
             for c in _called(rest): _loop_body(comps, c, trips, times, out)
-        else: out.append((n, *_kernel(comps, comps[body], ins), times))
+        else: out.append((n, *_kernel(comps, comps[body], ins, state), times))
     return out
 
 # %% ../nbs/16b_gpu.ipynb #fe106b55
@@ -145,8 +174,9 @@ def _outer_loops(comps: dict, name: str) -> list[str]:
 # %% ../nbs/16b_gpu.ipynb #b9e1d3a7
 def step_reads(text: str, tokens: int) -> dict:
     ("What a token step of a compiled sampling program (its HLO text) runs and reads: the outermost loops' bodies × "
-     "trips, over `tokens` steps. `{'loops', 'kernels', 'bytes', 'by_kind': {kind: [kernels, bytes]}, 'largest'}` "
-     "per step.")
+     "trips, over `tokens` steps. `{'loops', 'kernels', 'bytes', 'made', 'made_max', 'by_kind': {kind: [kernels, "
+     "bytes]}, 'largest'}` per step; `made`: bytes read of values the step's own kernels made (`made_max`: the "
+     "largest).")
     module = parse_hlo(text)
     comps, entry, _ = module
     trips = {b: t for b, t, exact in walk_hlo(module, lambda *a: None)}
@@ -154,15 +184,15 @@ def step_reads(text: str, tokens: int) -> dict:
     if sum(trips[b] for b in loops) != tokens:
         raise GpuError(f"the program's outer loops run {sum(trips[b] for b in loops)} trips, "
                        f"not one per token ({tokens})")
-    by_kind, largest = {}, {}
+    by_kind, largest, made, made_max = {}, {}, 0.0, 0
     for b in loops:
-        for n, kind, nbytes, times in _loop_body(comps, b, trips):
-            k = by_kind.setdefault(kind, [0, 0.0])
-            k[0] += times * trips[b] / tokens; k[1] += nbytes * times * trips[b] / tokens
-            largest[n] = (kind, nbytes * times * trips[b] / tokens)
+        for n, kind, nbytes, nmade, mmax, times in _loop_body(comps, b, trips):
+            k, share = by_kind.setdefault(kind, [0, 0.0]), times * trips[b] / tokens
+            k[0] += share; k[1] += nbytes * share; made += nmade * share; made_max = max(made_max, mmax)
+            largest[n] = (kind, nbytes * share)
     top = sorted(largest.items(), key=lambda x: -x[1][1])[:6]
     return {"loops": [trips[b] for b in loops], "kernels": sum(k[0] for k in by_kind.values()),
-            "bytes": sum(k[1] for k in by_kind.values()), "by_kind": by_kind,
+            "bytes": sum(k[1] for k in by_kind.values()), "made": made, "made_max": made_max, "by_kind": by_kind,
             "largest": [(n, k, b) for n, (k, b) in top]}
 
 # %% ../nbs/16b_gpu.ipynb #8d1aeb03
@@ -206,6 +236,9 @@ def table(self: GpuReport) -> str:
         f"  token step ({'+'.join(map(str, st['loops']))} trips): {st['kernels']:.0f} kernels, "
         f"reads {st['bytes'] / 1e9:.2f} GB"
         f" = {self.step_ms:.2f} ms at {s['bandwidth'] / 1e12:.2f} TB/s",
+        f"    of which {(st['bytes'] - st['made']) / 1e9:.2f} GB its inputs (weights, cache, caption keys/values) and "
+        f"{st['made'] / 1e9:.2f} GB values its own kernels made (each at most {st['made_max'] / 1e6:.1f} MB; "
+        f"L2 {s['l2_bytes'] / 1e6:.1f} MB)",
         *(f"    {k:<44} x{n:>5.0f} {b / 1e9:8.3f} GB" for k, (n, b) in kinds[:8]),
         f"  compile {self.compile_seconds:.0f} s"])
 
@@ -226,7 +259,7 @@ def compile_for(fn, args, device):
     cache = jax.config.jax_enable_compilation_cache
     jax.config.update("jax_enable_compilation_cache", False)       # time a real compile; keep GPU programs out
     try:
-        with serving_for(device.platform):                         # served layers as that machine runs them
+        with serving_for(device.platform, getattr(device, "compute_capability", None)):   # as that machine runs them
             t0 = time.perf_counter(); compiled = jax.jit(fn).lower(*args).compile()
         return compiled, time.perf_counter() - t0
     finally: jax.config.update("jax_enable_compilation_cache", cache)
@@ -240,7 +273,7 @@ def sampling_program(cfg, images: int, quantize: str | None = "bfloat16"):
     from flax import nnx
     from dalle_nb.bart import DalleBart
     from dalle_nb.layers import serve_all
-    from dalle_nb.sample import DEFAULT_LAYOUT, generate
+    from dalle_nb.sample import generate
     if cfg.arch != "bart": raise GpuError(f"the GPU compile covers the BART (arch 'bart'), not {cfg.arch!r}")
     if images < 1: raise GpuError(f"images must be >= 1, got {images}")
     bart, sc = dataclasses.replace(cfg.bart, scan_layers=False), cfg.sample
@@ -250,7 +283,7 @@ def sampling_program(cfg, images: int, quantize: str | None = "bfloat16"):
     def draw(state, text_ids, blank_ids, keys):                    # one caption: its rows share the cross K/V
         return generate(nnx.merge(graphdef, state), text_ids, keys, blank_ids=blank_ids, cond_scale=sc.cond_scale,
                         temperature=sc.temperature, top_k=sc.top_k, top_p=sc.top_p, plausibility=sc.plausibility,
-                        runs=images, **DEFAULT_LAYOUT["accelerator"])
+                        runs=images)                               # the card's layout: sample.default_layout
     return draw, (state, text, text, keys), images * (2 if sc.cond_scale != 1 else 1)
 
 # %% ../nbs/16b_gpu.ipynb #dc0e5c5f

@@ -17,8 +17,8 @@ from jax.sharding import PartitionSpec as P
 # %% auto #0
 __all__ = ['YNN_FUSIONS', 'LOGICAL_AXES', 'QUANTIZE', 'ACTIVATIONS', 'xla_cpu_defaults', 'dtype_of', 'param', 'shapes_only',
            'abstract_module', 'count_params', 'logical_to_spec', 'constrain', 'normal', 'Linear', 'quantize_rows',
-           'served_kernel', 'kernel_first', 'serving_target', 'serving_for', 'Embed', 'serve_all', 'Norm', 'Conv',
-           'gelu', 'quick_gelu', 'swish']
+           'served_kernel', 'kernel_first', 'serving_target', 'serving_capability', 'serving_for', 'Embed', 'serve_all',
+           'Norm', 'Conv', 'gelu', 'quick_gelu', 'swish']
 
 # %% ../nbs/04_layers.ipynb #c22d4f45
 # XLA:CPU's YNNPACK fusions per purpose
@@ -154,12 +154,20 @@ _TARGET = contextvars.ContextVar("dalle_nb_serving_target", default=None)
 
 def serving_target() -> str:
     "The platform served layers are traced for: `serving_for`'s, else this process's default backend."
-    return _TARGET.get() or jax.default_backend()
+    return (_TARGET.get() or (None,))[0] or jax.default_backend()
+
+def serving_capability() -> float | None:
+    ("The CUDA compute capability traced for (`8.0`: an A100, `9.0`: an H100): `serving_for`'s, else this process's "
+     "first GPU's; `None` off NVIDIA GPUs.")
+    if _TARGET.get(): return _TARGET.get()[1]
+    cc = getattr(jax.devices()[0], "compute_capability", None) if jax.default_backend() == "gpu" else None
+    return float(cc) if cc else None
 
 @contextlib.contextmanager
-def serving_for(platform: str):
-    "Within: served layers traced for `platform` (`'gpu'`…), not this process's backend: a compile for another machine."
-    token = _TARGET.set(platform)
+def serving_for(platform: str, capability: float | str | None = None):
+    ("Within: served layers traced for `platform` (`'gpu'`…) and, for an NVIDIA GPU, its compute `capability`, not "
+     "this process's backend: a compile for another machine.")
+    token = _TARGET.set((platform, float(capability) if capability else None))
     try: yield
     finally: _TARGET.reset(token)
 

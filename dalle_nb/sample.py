@@ -11,6 +11,8 @@ import jax, jax.numpy as jnp
 import numpy as np
 from flax import nnx
 from .bart import DalleBart, text_mask, CACHE_DTYPES
+from .decode import decode_mode, decoding
+from .layers import serving_target
 from .dalle import DalleTransformer
 
 # %% auto #0
@@ -99,8 +101,9 @@ def _start(model: DalleBart | DalleTransformer, text_ids, blank_ids, guided: boo
 
 # %% ../nbs/07_sample.ipynb #7b9dd217
 def _steps(model, state: dict, ts, keys, prefix, n_keep, cond_scale, temperature, top_p, plausibility,
-           top_k: int, guided: bool, nucleus: bool, guard: bool, prefixed: bool):
-    "Draw the image tokens at positions `ts` for every row: `(new state, ids [B, len(ts)])`."
+           top_k: int, guided: bool, nucleus: bool, guard: bool, prefixed: bool, attention: str = "xla"):
+    ("Draw the image tokens at positions `ts` for every row: `(new state, ids [B, len(ts)])`; the BART's "
+     "self-attention as `attention` says (`decode.DECODE_MODES`).")
     def draw(logits, t):
         tok = _draw(logits, t, keys, model.cfg.image_codes, cond_scale, temperature, top_p, plausibility, top_k, guided,
                     nucleus, guard)
@@ -119,7 +122,7 @@ def _steps(model, state: dict, ts, keys, prefix, n_keep, cond_scale, temperature
         logits, cache = model.decoder.step(both(prev), t, cache, state["mask"])
         tok = draw(logits, t)
         return (cache, tok), tok
-    (cache, prev), toks = jax.lax.scan(step, (state["cache"], state["prev"]), ts)
+    with decoding(attention): (cache, prev), toks = jax.lax.scan(step, (state["cache"], state["prev"]), ts)
     return dict(cache=cache, mask=state["mask"], prev=prev), toks.T
 
 # %% ../nbs/07_sample.ipynb #052f40a6
@@ -136,7 +139,7 @@ def _generate(model, text_ids, blank_ids, keys, prefix, *traced, runs: int = 1, 
         drawn.append(toks); lo = hi
     return drawn[0] if len(drawn) == 1 else jnp.concatenate(drawn, 1)
 
-_STATIC = ("top_k", "guided", "nucleus", "guard", "prefixed")
+_STATIC = ("top_k", "guided", "nucleus", "guard", "prefixed", "attention")
 _LAYOUT = ("runs", "cache")                                   # the state's shapes: static for `_start` and `_generate`
 # graph_updates=False: sampling changes no model state, and by default nnx.jit returns the model's state as outputs,
 # which makes XLA copy every weight on every call (1.7 GB per call at DALL·E Mini's size)
@@ -183,19 +186,22 @@ def _checked(model, text_ids, keys, blank_ids, cond_scale, temperature, top_k, t
     traced = (jnp.int32(keep), jnp.float32(cond_scale), jnp.float32(temperature), jnp.float32(top_p),
               jnp.float32(max(plausibility, 1e-30)))
     static = dict(top_k=int(top_k), guided=guided, nucleus=float(top_p) < 1.0, guard=float(plausibility) > 0,
-                  prefixed=keep > 0)
+                  prefixed=keep > 0, attention=decode_mode())
     return text_ids, blank_ids, prefix, traced, static
 
 # %% ../nbs/07_sample.ipynb #3b5e7a10
 # float32 stays the CPU's cache (no faster in bfloat16 there: the decode-floor figures linked above); accelerators
-# read half the bytes in bfloat16. Stages: the same figures; a CPU grows only a large cache in stages (CPU_STAGED).
-DEFAULT_LAYOUT = {"cpu": dict(cache="float32", stages=1), "accelerator": dict(cache="bfloat16", stages=8)}
+# read half the bytes in bfloat16. Stages: the same figures; a CPU grows only a large cache in stages (CPU_STAGED);
+# where decode.decode_attend serves (a GPU Triton runs on) it reads only the positions written: one stage.
+DEFAULT_LAYOUT = {"cpu": dict(cache="float32", stages=1), "accelerator": dict(cache="bfloat16", stages=8),
+                  "kernel": dict(cache="bfloat16", stages=1)}
 CPU_STAGED = (8, 256 * 2**20)          # on a CPU: 8 stages for a float32 self-attention cache of 256 MiB or more
 
 def default_layout(cache_bytes: int = 0) -> dict:
-    ("This backend's `DEFAULT_LAYOUT`: `dict(cache, stages)`; on a CPU `CPU_STAGED`'s stages where the rows' whole "
-     "float32 self-attention cache, `cache_bytes`, is at least its size.")
-    if jax.default_backend() != "cpu": return DEFAULT_LAYOUT["accelerator"]
+    ("This backend's `DEFAULT_LAYOUT` (`layers.serving_target`'s, for a compile for another machine): `dict(cache, "
+     "stages)`; on a CPU `CPU_STAGED`'s stages where the rows' whole float32 self-attention cache, `cache_bytes`, is "
+     "at least its size.")
+    if serving_target() != "cpu": return DEFAULT_LAYOUT["accelerator" if decode_mode() == "xla" else "kernel"]
     stages, from_bytes = CPU_STAGED
     return {**DEFAULT_LAYOUT["cpu"], **({"stages": stages} if cache_bytes >= from_bytes else {})}
 

@@ -84,6 +84,7 @@ def test_step_reads_nested_loops_and_gathers():
     assert r["loops"] == [4] and r["kernels"] == 3 * 2 + 1
     assert r["by_kind"]["fusion rows"] == [3, 3 * (2 * 8 * 4 + 8)] and r["by_kind"]["copy"] == [1, state]
     assert r["bytes"] == 3 * (72 + 8) + state
+    assert (r["made"], r["made_max"]) == (state, state)    # only the copy reads what the trip made: the inner loop's result
     with pytest.raises(G.GpuError, match="run 4 trips, not one per token"): G.step_reads(NESTED, 12)
 
 
@@ -113,6 +114,7 @@ def test_micro_sampling_program_for_a_t4(tmp_path):
     assert rep["fits"] and rep["spec"]["name"] == "Tesla T4" and rep["config"]["rows"] == 4
     assert sum(rep["step"]["loops"]) == rep["config"]["image_len"]             # one loop per cache stage
     assert rep["step"]["bytes"] > 0 and rep["memory"]["argument"] > 0
+    assert 0 < rep["step"]["made"] < rep["step"]["bytes"] and rep["step"]["made_max"] > 0
     assert "token step" in out and "FITS" in out
     # the same program on a card of 1 MB: does not fit, exit status 1
     small = tmp_path / "small.textproto"
