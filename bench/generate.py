@@ -62,6 +62,12 @@ def jax_peak_gb(key: str = "peak_bytes_in_use"):
     return stats[key] / 2 ** 30 if stats and key in stats else None
 
 
+def gpu_total_bytes() -> float:
+    "The first GPU's memory in bytes, from nvidia-smi (asked before JAX starts, so the pool's cap can be set)."
+    out = subprocess.run(["nvidia-smi", "--query-gpu=memory.total", "--format=csv,noheader,nounits"], capture_output=True, text=True, check=True)
+    return float(out.stdout.split()[0]) * 2**20
+
+
 def peak_rss_gb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2 ** 20
 
@@ -107,6 +113,7 @@ def run_ours(model_dir: str, quantize: str, images: list[int], repeats: int) -> 
     import jax
     from dalle_nb.pipeline import Pipeline
     from dalle_nb.sample import default_layout
+    from dalle_nb.decode import decode_mode
     t0 = time.perf_counter(); pipe = Pipeline(model_dir, batch_size=max(images), quantize=None if quantize == "none" else quantize,
                                                     cache=os.environ.get("DALLE_NB_BENCH_KV_CACHE") or None); load_s = time.perf_counter() - t0
     loaded_gpu_gb, rows = jax_peak_gb("bytes_in_use"), []
@@ -118,7 +125,7 @@ def run_ours(model_dir: str, quantize: str, images: list[int], repeats: int) -> 
         decode = timed(lambda: pipe.decode(tokens), repeats)[1]
         rows.append(dict(images=k, first_s=first, warm_s=warm, decode_s=decode, **({} if rows else {"first_image_s": first_end - t_start})))
     # on a GPU the peak includes XLA's autotuning scratch while compiling: its largest single allocation says how much
-    return dict(side="ours", quantize=quantize, kv_cache=pipe.cache or default_layout()["cache"], load_s=load_s, rows=rows, peak_rss_gb=peak_rss_gb(), peak_gpu_gb=jax_peak_gb(),
+    return dict(side="ours", quantize=quantize, kv_cache=pipe.cache or default_layout()["cache"], decode=decode_mode(), load_s=load_s, rows=rows, peak_rss_gb=peak_rss_gb(), peak_gpu_gb=jax_peak_gb(),
                 loaded_gpu_gb=loaded_gpu_gb, largest_gpu_alloc_gb=jax_peak_gb("largest_alloc_size"),
                 runtime=f"jax {jax.__version__} {jax.devices()[0].platform} ({jax.devices()[0].device_kind}), {os.cpu_count()} threads")
 
@@ -430,6 +437,8 @@ def main(argv=None):
     p.add_argument("--cache-error", default=None, metavar="WIDTH", help="only measure the logits' error with a bfloat16 and an int8 KV cache at WIDTH (weights stored in bfloat16: mega 5.2 GB)")
     p.add_argument("--kv-cache", default=None, choices=["float32", "bfloat16", "int8"], help="our decode cache (default: float32 on cpu, bfloat16 on gpu)")
     p.add_argument("--device", default="cpu", choices=["cpu", "gpu"], help="where both sides run (gpu: the first CUDA device)")
+    p.add_argument("--decode", default="", help="comma-separated: our token step's attention per run, xla or kernel (default: decode.decode_mode's)")
+    p.add_argument("--gpu-pool-gb", type=float, default=None, help="gpu: cap JAX's memory pool at this many GB (XLA_PYTHON_CLIENT_MEM_FRACTION): bounds the autotuner's scratch")
     p.add_argument("--min-dalle-dtype", default=None, choices=["float32", "float16", "bfloat16"], help="min-dalle's dtype (default: float32 on cpu, float16 on gpu)")
     a = p.parse_args(argv)
     os.environ["DALLE_NB_BENCH_DEVICE"] = a.device                       # the children read both (`device()`, `min_dalle_dtype()`)
@@ -441,6 +450,8 @@ def main(argv=None):
         if a.out: Path(a.out).mkdir(parents=True, exist_ok=True); (Path(a.out) / f"cache_error_{a.cache_error}.json").write_text(json.dumps(dict(err, date=str(date.today())), indent=1))
         return err
     if a.device == "gpu": os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")   # JAX takes what it uses, as torch does
+    if "kernel" in a.decode.split(",") and a.device == "cpu": p.error("--decode kernel needs --device gpu (a GPU Triton runs on)")
+    if a.gpu_pool_gb and a.device == "gpu": os.environ["XLA_PYTHON_CLIENT_MEM_FRACTION"] = f"{a.gpu_pool_gb * 1e9 / gpu_total_bytes():.4f}"
     if a.logits_error:
         err = in_process("error", a.logits_error)
         print(json.dumps(err, indent=1))
@@ -462,10 +473,14 @@ def main(argv=None):
                 sides[side] = in_process("min-dalle", width, str(d), a.images, str(a.repeats))
                 print(f"{width} {side}: {json.dumps(sides[side])[:400]}", flush=True)
                 write_partial(a.out, {**widths, width: sides})
-            for q in a.quantize.split(",") if side == "ours" else ():
+            for q, mode in ((q, m) for q in a.quantize.split(",") for m in a.decode.split(",")) if side == "ours" else ():
                 if q not in ("none", "bfloat16", "int8"): p.error(f"--quantize: unknown form {q!r}")
-                name = "ours" if q == "none" else f"ours ({q})"
+                if mode not in ("", "xla", "kernel"): p.error(f"--decode: unknown mode {mode!r}")
+                parts = [x for x in (None if q == "none" else q, mode) if x]                # "ours (bfloat16, xla)"
+                name = "ours" + (f" ({', '.join(parts)})" if parts else "")
+                os.environ["DALLE_NB_DECODE"] = mode                        # the children's `decode.decode_mode`
                 sides[name] = in_process("ours", str(d), q, a.images, str(a.repeats))
+                os.environ.pop("DALLE_NB_DECODE")
                 print(f"{width} {name}: {json.dumps(sides[name])[:400]}", flush=True)
                 write_partial(a.out, {**widths, width: sides})
                 if a.second_process and "rows" in sides[name]:             # the compilation cache: a second `dalle-nb generate`

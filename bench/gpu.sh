@@ -10,7 +10,9 @@
 #   1. devices.txt, nvidia-smi.txt: what ran it;
 #   2. train/: the MFU probe, bench/train.py: Mega-width BART train step, batch 16 and 32, full remat, bfloat16 compute;
 #   3. generate/: bench/generate.py --device gpu: Mega width, 1, 9, 16 and 64 images, ours (bfloat16) beside
-#      min-dalle (float16), and the second-process time (two `dalle-nb generate` sharing a compilation cache).
+#      min-dalle (float16), and the second-process time (two `dalle-nb generate` sharing a compilation cache);
+#   4. decode_xla/, pool16/ (as far as the budget goes): ours at 9 and 64 images with XLA's attention in 8 stages
+#      (`--decode xla`), and with JAX's memory pool capped at 16 GB (`--gpu-pool-gb 16`).
 # steps.txt lists each step's exit status (124: its time limit); gpu.log, what ran when.
 # How to run it with the device tool (its command, carry and PYTHONPATH): BENCHMARKS.md, "The device script".
 set -uo pipefail
@@ -51,11 +53,12 @@ command -v dalle-nb >/dev/null 2>&1 || export PATH="$PWD/$out/bin:$PATH"
 
 if (( smoke )); then
   export JAX_PLATFORMS=cpu
-  device=cpu; train=(--smoke); gen=(--smoke --second-process --sides ours)
+  device=cpu; train=(--smoke); gen=(--smoke --second-process --sides ours); alt=(--smoke --sides ours)
 else
   device=gpu
   train=(--preset mega --batch 16,32 --remat full --dtype bfloat16 --steps 8 --warmup 2 --timeout 90)
   gen=(--widths mega --images 1,9,16,64 --repeats 2 --quantize bfloat16 --second-process)
+  alt=(--widths mega --images 9,64 --repeats 1 --quantize bfloat16 --sides ours)
   nvidia-smi > "$out/nvidia-smi.txt" 2>&1
 fi
 python -c "import jax, platform; print(platform.node(), 'jax', jax.__version__, jax.devices())" \
@@ -65,5 +68,9 @@ log "devices: $(tail -1 "$out/devices.txt")"
 step train 185 python bench/train.py "${train[@]}" --out "$out/train"
 models=${TMPDIR:-/tmp}/gpu_sh_models                    # random weights (gigabytes): kept out of the results folder
 step generate 400 python bench/generate.py --device "$device" "${gen[@]}" --cache "$models" --out "$out/generate"
+# if minutes are left: the same Mega model with XLA's attention in 8 stages instead of the kernel, and with JAX's memory
+# pool capped at 16 GB (the autotuner's scratch bounded; issue 42 item 3's budget at 9 images)
+step decode_xla 90 python bench/generate.py --device "$device" "${alt[@]}" --decode xla --cache "$models" --out "$out/decode_xla"
+step pool16 90 python bench/generate.py --device "$device" "${alt[@]}" --gpu-pool-gb 16 --cache "$models" --out "$out/pool16"
 rm -rf "$out/bin"
 log "done: $(tr '\n' ' ' < "$out/steps.txt")"

@@ -50,8 +50,9 @@ def attend_cached(q, k, v, mask, length=None):
      "that copy cost a third of the step). An 8-bit entry's scales multiply the scores (keys) and the "
      "probabilities.\n\n"
      "`length`: a token step's positions written (`pos + 1`, one query); where `decode.decode_mode()` serves (a GPU "
-     "Triton runs on) `decode.decode_attend` reads only those.")
-    if length is not None and q.shape[1] == 1 and decode_mode() != "xla":
+     "Triton runs on; a power-of-two head size) `decode.decode_attend` reads only those.")
+    D = q.shape[-1]
+    if length is not None and q.shape[1] == 1 and D & (D - 1) == 0 and decode_mode() != "xla":
         (k, ks), (v, vs) = ((c.q, c.scale) if isinstance(c, Int8KV) else (c, None) for c in (k, v))
         return decode_attend(q[:, 0], k, v, length, ks, vs, interpret=decode_mode() == "interpret")[:, None]
     (k, ks), (v, vs) = _readable(k, q.dtype), _readable(v, q.dtype)

@@ -6,7 +6,7 @@ Docs: https://dalle-nb.github.io/dalle_nb/decode.html.md"""
 
 # %% ../nbs/06a_decode.ipynb #7a420200
 from __future__ import annotations
-import contextlib, contextvars, functools, math
+import contextlib, contextvars, functools, math, os
 import jax, jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
@@ -43,9 +43,10 @@ DECODE_BLOCK = 16                    # positions a program loads at once: what i
 def decode_attend(q, k, v, length, k_scale=None, v_scale=None, *, split: int = 64, block: int = DECODE_BLOCK,
                   interpret: bool = False):
     ("Attention of one query per row and head, `q [B, H, D]`, to a decoding cache `k, v [B, H, D, T]` whose first "
-     "`length` positions are written; `k_scale, v_scale [B, H, 1, T]` for an 8-bit cache. `[B, H, D]` in q's dtype.")
+     "`length` positions are written; `k_scale, v_scale [B, H, 1, T]` for an 8-bit cache. `[B, H, D]` in q's dtype. "
+     "`D` a power of two (Triton's blocks); `split` and `block` powers of two too.")
     B, H, D, T = k.shape
-    split = min(split, T)
+    split = math.gcd(split, T)                                       # Triton's blocks: powers of two
     block = min(block, split)
     if T % split or split % block:
         raise ValueError(f"decode_attend: {T} positions do not split into {split}s of {block}s")
@@ -73,8 +74,14 @@ _MODE = contextvars.ContextVar("dalle_nb_decode_attention", default=None)
 DECODE_MODES = ("xla", "kernel", "interpret")
 
 def decode_mode() -> str:
-    "How the token step's self-attention reads its cache when traced now: one of `DECODE_MODES`."
-    if _MODE.get(): return _MODE.get()
+    ("How the token step's self-attention reads its cache when traced now: one of `DECODE_MODES` — `decoding`'s, "
+     "else `$DALLE_NB_DECODE`'s, else the kernel where it serves.")
+    mode = _MODE.get() or os.environ.get("DALLE_NB_DECODE") or None
+    if mode not in (None, *DECODE_MODES):
+        raise ValueError(f"DALLE_NB_DECODE must be one of {', '.join(DECODE_MODES)}, got {mode!r}")
+    if mode == "kernel" and serving_target() != "gpu":
+        raise ValueError("the decode kernel needs a GPU Triton runs on; 'interpret' runs it on a CPU")
+    if mode: return mode
     cc = serving_capability()
     return "kernel" if serving_target() == "gpu" and cc is not None and cc >= 8.0 else "xla"
 

@@ -116,7 +116,8 @@ def test_gpu_sh_cpu_smoke_and_train(tmp_path):
     r = subprocess.run(["bash", str(ROOT / "bench" / "gpu.sh"), "--cpu-smoke", str(tmp_path)], capture_output=True,
                        text=True, timeout=3000, cwd=ROOT)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
-    assert dict(l.split() for l in (tmp_path / "steps.txt").read_text().splitlines()) == {"train": "0", "generate": "0"}
+    assert dict(l.split() for l in (tmp_path / "steps.txt").read_text().splitlines()) == {
+        "train": "0", "generate": "0", "decode_xla": "0", "pool16": "0"}
     assert (tmp_path / "devices.txt").read_text().strip() and not (tmp_path / "bin").exists()
     res = json.loads((tmp_path / "train" / "train.json").read_text())
     assert [(r["remat"], r["batch"]) for r in res["rows"]] == [("full", 2)] and "uncausal" in res["flops_convention"]
@@ -129,3 +130,5 @@ def test_gpu_sh_cpu_smoke_and_train(tmp_path):
     gen = json.loads((tmp_path / "generate" / "generate.json").read_text())
     ours = gen["widths"]["small"]["ours"]
     assert ours["rows"] and ours["cli"]["second_process_s"] > 0, ours        # and the second-process time
+    xla = json.loads((tmp_path / "decode_xla" / "generate.json").read_text())["widths"]["small"]["ours (xla)"]
+    assert xla["rows"] and xla["decode"] == "xla", xla                      # the alternative attention, by name
