@@ -155,7 +155,7 @@ def test_the_shipped_paper_model_generates_from_the_cli(tmp_path):
 
 def test_decode_layouts_draw_todays_greedy_tokens():
     "Greedy tokens with the float32 cache grown in stages, and the captions' cross keys/values shared by their rows,\n"
-    "are exactly those of the plain layout (one stage, every row its own caption)."
+    "and through the GPU's decode kernel are exactly those of the plain layout (one stage, every row its own caption)."
     from dalle_nb.bart import DalleBart
     from dalle_nb.config import BartConfig
     from dalle_nb.sample import _checked, _generate_jit, generate, row_keys
@@ -173,6 +173,11 @@ def test_decode_layouts_draw_todays_greedy_tokens():
                                  cache="float32", stages=4))
     assert len(np.unique(plain[:, 8:], axis=0)) > 1                 # the captions draw different images
     assert (staged == plain).all(), (staged != plain).sum()
+    from dalle_nb.decode import decoding                              # the GPU's kernel, in Pallas's interpreter
+    with decoding("interpret"):
+        kernel = np.asarray(generate(model, rows, row_keys(0, 4), blank_ids=blank, cond_scale=4.0, top_k=1,
+                                     cache="float32", stages=1))
+    assert (kernel == plain).all(), (kernel != plain).sum()
 
 
 def test_cache_choice_is_recorded_and_redrawn(tmp_path):
