@@ -6,6 +6,7 @@ error. Needs JAX's CUDA plugin (`pip install -e ".[gpu]"`). A Mega sampling comp
 here; a Mega train step several minutes and several GB.
 
     python bench/gpu_compile.py sample --gpus h100,a100-40gb,a100-80gb,l4,t4,rtx4090,rtx3060 --images 9
+    python bench/gpu_compile.py sample --gpus h100 --images 9,64 --quantize int8 --cache int8
     python bench/gpu_compile.py train --gpus h100 --devices 8 --mesh fsdp=8 --optimizer shampoo --per-replica 8 \\
                                       --accum 3
     python bench/gpu_compile.py state --gpus h100 --devices 8 --mesh "dp=8;fsdp=8;mp=8" --optimizer adam,shampoo
@@ -63,6 +64,7 @@ def main(argv=None):
     p.add_argument("--gpus", default="h100"); p.add_argument("--preset", default="mega")
     p.add_argument("--images", default="9", help="sample: comma-separated image counts")
     p.add_argument("--quantize", default="bfloat16", help="sample: comma-separated weight forms (none, bfloat16, int8)")
+    p.add_argument("--cache", default="", help="sample: comma-separated decode cache dtypes (float32, bfloat16, int8; default the card's)")
     p.add_argument("--devices", default="1", help="train: comma-separated device counts (one host)")
     p.add_argument("--mesh", default="dp=-1", help="train: layouts, separated by ';'")
     p.add_argument("--per-replica", default="16", help="train: comma-separated batch per replica")
@@ -83,8 +85,9 @@ def main(argv=None):
         tmp = out.with_name(out.name + ".tmp"); tmp.write_text(json.dumps(res, indent=1)); os.replace(tmp, out)
         return
     if a.program == "sample":
-        runs = [["fit", "--gpu", g, "--preset", a.preset, "--images", n, "--quantize", q, *sets]
-                for g, n, q in itertools.product(a.gpus.split(","), a.images.split(","), a.quantize.split(","))]
+        runs = [["fit", "--gpu", g, "--preset", a.preset, "--images", n, "--quantize", q, *(["--cache", c] if c else []), *sets]
+                for g, n, q, c in itertools.product(a.gpus.split(","), a.images.split(","), a.quantize.split(","),
+                                                    a.cache.split(","))]
     else:
         runs = [["train", "--gpu", g, "--preset", a.preset, "--devices", d, "--mesh", m, "--per-replica", b,
                  "--accum", k,

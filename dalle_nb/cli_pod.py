@@ -237,7 +237,8 @@ def _cmd_gpu(a) -> int:
                                      f"{s['bandwidth'] / 1e12:5.2f} TB/s")
         return 0
     cfg = get_config(a.preset, a.set)
-    if a.gpu_command == "fit": rep = G.gpu_check(cfg, a.gpu, a.images, None if a.quantize == "none" else a.quantize)
+    if a.gpu_command == "fit":
+        rep = G.gpu_check(cfg, a.gpu, a.images, None if a.quantize == "none" else a.quantize, a.cache)
     else:
         rep = G.gpu_train_check(cfg, a.gpu, a.devices, a.mesh, per_replica=a.per_replica, accum=a.accum, remat=a.remat,
                                 optimizer=a.optimizer, dtype=a.dtype, param_dtype=a.param_dtype)
@@ -280,6 +281,8 @@ def add_gpu_commands(sub, usage_error=ValueError):
     fit.add_argument("--images", type=int, default=9, help="images drawn at once (super conditioning doubles the rows)")
     fit.add_argument("--quantize", choices=("none", "bfloat16", "int8"), default="bfloat16",
                      help="the transformer's kernels as served")
+    fit.add_argument("--cache", choices=("float32", "bfloat16", "int8"), default=None,
+                     help="the decode cache's dtype (default: the card's, bfloat16)")
     _gpu_train_args(train)
     def run(a):
         try: return _cmd_gpu(a)

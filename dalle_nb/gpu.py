@@ -228,7 +228,8 @@ def table(self: GpuReport) -> str:
     kinds = sorted(st["by_kind"].items(), key=lambda kv: -kv[1][1])
     return "\n".join([
         f"GPU compile: {c['preset']} sampling, {c['images']} images ({c['rows']} rows), weights "
-        f"{c['quantize'] or 'float32'}, for {s['name']} ({s['memory_bytes'] / 2**30:.1f} GiB, "
+        f"{c['quantize'] or 'float32'}{'' if c.get('cache', 'default') == 'default' else ', cache ' + c['cache']}, "
+        f"for {s['name']} ({s['memory_bytes'] / 2**30:.1f} GiB, "
         f"{s['bandwidth'] / 1e12:.2f} TB/s, compute {s['compute_capability']})",
         f"  arguments {_gib(m['argument'])}, outputs {_gib(m['output'] - m['alias'])}, temporaries {_gib(m['temp'])}:"
         f" {_gib(m['total'])} of {s['memory_bytes'] / 2**30:.1f} GiB, "
@@ -265,10 +266,10 @@ def compile_for(fn, args, device):
     finally: jax.config.update("jax_enable_compilation_cache", cache)
 
 # %% ../nbs/16b_gpu.ipynb #9cb7cc9f
-def sampling_program(cfg, images: int, quantize: str | None = "bfloat16"):
+def sampling_program(cfg, images: int, quantize: str | None = "bfloat16", cache: str | None = None):
     ("`(fn, abstract args, rows)` of the program `Pipeline` compiles to draw `images` images of one caption with "
-     "`cfg`'s sampling settings: the BART unrolled and served (`serve_all`), every token in one loop "
-     "(`dalle_nb.sample.generate`).")
+     "`cfg`'s sampling settings: the BART unrolled and served (`serve_all`), every token in the loop(s) of "
+     "`dalle_nb.sample.generate`, its decode `cache` dtype (`None`: the card's default).")
     import jax, jax.numpy as jnp
     from flax import nnx
     from dalle_nb.bart import DalleBart
@@ -283,19 +284,22 @@ def sampling_program(cfg, images: int, quantize: str | None = "bfloat16"):
     def draw(state, text_ids, blank_ids, keys):                    # one caption: its rows share the cross K/V
         return generate(nnx.merge(graphdef, state), text_ids, keys, blank_ids=blank_ids, cond_scale=sc.cond_scale,
                         temperature=sc.temperature, top_k=sc.top_k, top_p=sc.top_p, plausibility=sc.plausibility,
-                        runs=images)                               # the card's layout: sample.default_layout
+                        runs=images, cache=cache)                  # the card's layout: sample.default_layout
     return draw, (state, text, text, keys), images * (2 if sc.cond_scale != 1 else 1)
 
 # %% ../nbs/16b_gpu.ipynb #dc0e5c5f
-def gpu_check(cfg, gpu: str = "h100", images: int = 9, quantize: str | None = "bfloat16") -> GpuReport:
-    "Compile `cfg`'s sampling program for `images` images for the named card, with no GPU: memory, and a token step."
+def gpu_check(cfg, gpu: str = "h100", images: int = 9, quantize: str | None = "bfloat16",
+              cache: str | None = None) -> GpuReport:
+    ("Compile `cfg`'s sampling program for `images` images (decode `cache` dtype: `None`, the card's) for the named "
+     "card, with no GPU: memory, and a token step.")
     from dalle_nb.layers import QUANTIZE
     if quantize not in QUANTIZE: raise GpuError(f"quantize must be one of {QUANTIZE}, got {quantize!r}")
     spec, (device,) = gpu_spec(gpu), gpu_devices(gpu)
-    fn, args, rows = sampling_program(cfg, images, quantize)
+    fn, args, rows = sampling_program(cfg, images, quantize, cache)
     compiled, seconds = compile_for(fn, args, device)
     sc = cfg.sample
     config = {"program": "sample", "preset": cfg.name, "images": images, "rows": rows, "quantize": quantize,
+              "cache": cache or "default",
               "cond_scale": sc.cond_scale, "top_k": sc.top_k, "top_p": sc.top_p, "image_len": cfg.bart.image_len}
     return GpuReport(config, {k: v for k, v in spec.items() if k != "target"}, compiled_memory(compiled),
                      step_reads(compiled.as_text(), cfg.bart.image_len), seconds)
