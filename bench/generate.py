@@ -257,7 +257,7 @@ def step_floor(width: str, quantize: str, rows: int, measured: dict, cache: str 
     from dalle_nb.bart import DalleBart
     from dalle_nb.layers import serve_all
     from dalle_nb.sample import default_layout
-    from dalle_nb.decode import DECODE_BLOCK, decode_mode, decode_positions
+    from dalle_nb.decode import DECODE_BLOCK, decode_positions, decode_serves
     cfg = replace(bart_config(width), scan_layers=False)
     model = nnx.eval_shape(lambda: serve_all(DalleBart(cfg, rngs=nnx.Rngs(0)), None if quantize == "none" else quantize))
     flat = {"/".join(map(str, k)): v for k, v in nnx.to_flat_state(nnx.state(model.decoder, nnx.Param))}
@@ -274,7 +274,7 @@ def step_floor(width: str, quantize: str, rows: int, measured: dict, cache: str 
     mean_pos = (TOKENS + 1) / 2                                                             # positions 0..t read at step t
     ends = [TOKENS * (s + 1) // layout["stages"] for s in range(layout["stages"])]
     mean_staged = np.mean([next(e for e in ends if e > t) for t in range(TOKENS)])
-    if decode_mode() != "xla": mean_staged = decode_positions(TOKENS, DECODE_BLOCK)       # the GPU kernel's blocks
+    if decode_serves(): mean_staged = decode_positions(TOKENS, DECODE_BLOCK)       # the GPU kernel's blocks
     cross = captions * cfg.decoder_layers * 2 * cfg.d_model * cfg.max_text_len * cross_b
     flops = 2 * rows * params + 4 * rows * cfg.decoder_layers * cfg.d_model * (mean_pos + cfg.max_text_len)
     peak = measured["int8_gop_s"] if quantize == "int8" else measured["bfloat16_gflop_s" if quantize == "bfloat16" else "float32_gflop_s"]

@@ -15,7 +15,7 @@ from flax import nnx
 from .config import BartConfig
 from .layers import (Linear, Embed, Norm, constrain, dtype_of, quantize_rows, gelu, shapes_only,
                              abstract_module, count_params)
-from .decode import decode_attend, decode_mode
+from .decode import decode_attend, decode_mode, decode_serves
 from fastcore.basics import patch
 
 # %% auto #0
@@ -40,9 +40,10 @@ class Int8KV(NamedTuple):
     q: jax.Array
     scale: jax.Array
 
-def _readable(c, dtype):
-    "A cache entry as `(values in a dtype the dots take, scale or None)`."
-    return (c.q.astype(dtype), c.scale) if isinstance(c, Int8KV) else (c, None)
+def _readable(c, dtype=None):
+    "A cache entry as `(values, scale or None)`: an 8-bit entry's values in `dtype` (the dots'), else as stored."
+    if not isinstance(c, Int8KV): return c, None
+    return (c.q if dtype is None else c.q.astype(dtype)), c.scale
 
 def attend_cached(q, k, v, mask, length=None):
     ("`attend` to a decoding cache laid out `[B,H,D,Tk]` (k and v: float32, bfloat16 or `Int8KV`), the layout "
@@ -52,8 +53,8 @@ def attend_cached(q, k, v, mask, length=None):
      "`length`: a token step's positions written (`pos + 1`, one query); where `decode.decode_mode()` serves (a GPU "
      "Triton runs on; a power-of-two head size) `decode.decode_attend` reads only those.")
     D = q.shape[-1]
-    if length is not None and q.shape[1] == 1 and D & (D - 1) == 0 and decode_mode() != "xla":
-        (k, ks), (v, vs) = ((c.q, c.scale) if isinstance(c, Int8KV) else (c, None) for c in (k, v))
+    if length is not None and q.shape[1] == 1 and D & (D - 1) == 0 and decode_serves():
+        (k, ks), (v, vs) = _readable(k), _readable(v)                 # the kernel reads them as stored
         return decode_attend(q[:, 0], k, v, length, ks, vs, interpret=decode_mode() == "interpret")[:, None]
     (k, ks), (v, vs) = _readable(k, q.dtype), _readable(v, q.dtype)
     scores = jnp.einsum("bqhd,bhdk->bhqk", q.astype(k.dtype), k, preferred_element_type=jnp.float32)

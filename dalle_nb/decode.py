@@ -85,7 +85,9 @@ def decode_mode() -> str:
     cc = serving_capability()
     return "kernel" if serving_target() == "gpu" and cc is not None and cc >= 8.0 else "xla"
 
-def decode_serves() -> bool: return decode_mode() != "xla"
+def decode_serves() -> bool:
+    "Whether a token step traced now reads its cache with `decode_attend` (on a GPU, or interpreted)."
+    return decode_mode() != "xla"
 
 @contextlib.contextmanager
 def decoding(mode: str | None):

@@ -75,6 +75,8 @@ def _operands(rest: str) -> list[str]:
     "The operand names of an instruction (what its text lists before the first closing parenthesis)."
     return [a.strip().lstrip("%") for a in rest.split(")")[0].split(",") if a.strip()]
 
+def _fused(rest: str) -> str: return re.search(r"calls=%?([\w.\-]+)", rest)[1]   # a fusion's computation
+
 _SAME = {"bitcast", "convert", "copy", "reshape", "transpose", "broadcast", "reduce", "select", "compare",
          "concatenate", "add", "subtract", "multiply", "divide", "maximum", "minimum", "exponential", "negate", "tuple"}
 
@@ -111,7 +113,7 @@ def _state(comps: dict, name: str) -> set[str]:
                                                and ops and ops[0] in state):
             state.add(n)
         elif op == "fusion" and any(b == 0 and ops[p] in state for p, b in
-                                    _param_reads(comps, re.search(r"calls=%?([\w.\-]+)", r)[1]).items()):
+                                    _param_reads(comps, _fused(r)).items()):
             state.add(n)
     return state
 
@@ -125,7 +127,7 @@ def _kernel(comps: dict, comp: dict, ins, state=frozenset()) -> tuple[str, int, 
     names = _operands(rest)
     reads = [(a, hlo_nbytes(comp["shapes"].get(a, ""))) for a in names]
     if op == "fusion":
-        sliced = _param_reads(comps, re.search(r"calls=%?([\w.\-]+)", rest)[1])
+        sliced = _param_reads(comps, _fused(rest))
         reads, kind = [(a, sliced.get(k, b)) for k, (a, b) in enumerate(reads)], "fusion " + re.sub(r"\.\d+$", "", n)
     elif op == "custom-call": kind = "custom-call " + re.search(r'custom_call_target="([^"]*)"', rest)[1]
     else: kind = op

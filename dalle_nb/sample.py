@@ -11,7 +11,7 @@ import jax, jax.numpy as jnp
 import numpy as np
 from flax import nnx
 from .bart import DalleBart, text_mask, CACHE_DTYPES
-from .decode import decode_mode, decoding
+from .decode import decode_mode, decode_serves, decoding
 from .layers import serving_target
 from .dalle import DalleTransformer
 
@@ -201,7 +201,7 @@ def default_layout(cache_bytes: int = 0) -> dict:
     ("This backend's `DEFAULT_LAYOUT` (`layers.serving_target`'s, for a compile for another machine): `dict(cache, "
      "stages)`; on a CPU `CPU_STAGED`'s stages where the rows' whole float32 self-attention cache, `cache_bytes`, is "
      "at least its size.")
-    if serving_target() != "cpu": return DEFAULT_LAYOUT["accelerator" if decode_mode() == "xla" else "kernel"]
+    if serving_target() != "cpu": return DEFAULT_LAYOUT["kernel" if decode_serves() else "accelerator"]
     stages, from_bytes = CPU_STAGED
     return {**DEFAULT_LAYOUT["cpu"], **({"stages": stages} if cache_bytes >= from_bytes else {})}
 
