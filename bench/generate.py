@@ -19,6 +19,7 @@ The same run proves the work is equal: at a small width, min-dalle's modules loa
     python bench/generate.py --smoke --out /tmp/g                                              # the smoke test's run
     python bench/generate.py --logits-error mega --out bench/results/generate                  # bfloat16/int8 error, ~17 GB
     python bench/generate.py --cache-error mini --out bench/results/generate                   # bfloat16/int8 cache's error
+    python bench/generate.py --load --widths mega --quantize none,bfloat16 --out bench/results/load  # loading alone
     python bench/generate.py --device gpu --widths mega --images 1,16 --repeats 2 --quantize bfloat16 --out bench/results/generate_gpu
 
 `--device gpu` runs both sides on the first GPU: min-dalle in `--min-dalle-dtype` (float16 by default there, as its README
@@ -31,6 +32,11 @@ floor of a token step: the bytes it must read and the FLOPs it must do against t
 matmul rate. The bytes are those of the decode layout `generate` uses (`--kv-cache`, default the backend's): the kernels,
 each row's self-attention cache up to the current position, and the cross-attention keys/values of the distinct captions
 (one prompt and the blank caption: 2, whatever the image count), beside what the staged cache actually reads.
+
+`--load` times loading alone, the first part of "first image": our `Pipeline(model_dir, quantize=...)` in a new process
+twice per weight form, sharing a fresh verification cache (the first process checks the files' checksums and the
+tensors' finiteness, the second finds them remembered), and min-dalle's `init_encoder/decoder/detokenizer` once; every
+file is read once beforehand, so each side starts from the page cache as it would after a download.
 """
 import argparse, json, os, platform, resource, statistics, subprocess, sys, time
 from datetime import date
@@ -363,6 +369,7 @@ def child(argv: list[str]) -> dict:
     if kind == "agree": return greedy_agreement()
     if kind == "error": return logits_error(rest[0])
     if kind == "cache-error": return cache_error(rest[0])
+    if kind in ("load", "load-min-dalle"): return timed_load(kind, *rest)
     if kind == "floor":
         measured = machine_throughput()
         return dict(measured=measured, floors=[step_floor(w, q, 2 * int(k), measured) for w in rest[0].split(",") for q in rest[1].split(",") for k in rest[2].split(",")])
@@ -383,6 +390,51 @@ def in_process(*argv, timeout=7200) -> dict:
     if r.returncode != 0:
         return dict(error=f"exit {r.returncode}" + (" (killed: out of memory?)" if r.returncode < 0 else ""), stderr=r.stderr[-2000:])
     return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def timed_load(kind: str, *argv) -> dict:
+    "A child's seconds importing its side and loading a model directory (`load`: ours, `load-min-dalle`: min-dalle's)."
+    t0 = time.perf_counter()
+    if kind == "load":
+        import jax
+        from dalle_nb.pipeline import Pipeline
+    else: import torch, min_dalle.min_dalle
+    t1 = time.perf_counter()
+    if kind == "load": jax.block_until_ready(jax.tree.leaves(Pipeline(argv[0], batch_size=1, quantize=None if argv[1] == "none" else argv[1]).models.transformer))
+    else: min_dalle_model(argv[0], Path(argv[1]))
+    return dict(imports_s=t1 - t0, load_s=time.perf_counter() - t1, peak_rss_gb=peak_rss_gb())
+
+
+def load_runs(widths: list[str], quantize: list[str], sides: list[str], cache: Path) -> list[dict]:
+    "`--load`: per width, ours twice per weight form (a fresh verification cache: checked, then remembered), min-dalle once."
+    import tempfile
+    runs = []
+    for width in widths:
+        for side in sides:
+            d = cache / f"{side}-{width}"
+            if not (d / ("bart.msgpack" if side == "ours" else "vqgan/detoker.pt")).exists():
+                in_process("make" if side == "ours" else "make-min-dalle", width, str(d))
+            for f in d.rglob("*"):                                            # into the page cache, as after a download
+                if f.is_file():
+                    with open(f, "rb") as fh:
+                        while fh.read(1 << 26): pass
+            if side == "min-dalle": runs.append(dict(width=width, side=side, first=in_process("load-min-dalle", width, str(d)))); continue
+            for q in quantize:
+                before = os.environ.get("DALLE_NB_CACHE")
+                with tempfile.TemporaryDirectory() as v:
+                    os.environ["DALLE_NB_CACHE"] = v
+                    first, again = in_process("load", str(d), q), in_process("load", str(d), q)
+                os.environ.pop("DALLE_NB_CACHE") if before is None else os.environ.__setitem__("DALLE_NB_CACHE", before)
+                runs.append(dict(width=width, side=side, quantize=q, first=first, again=again))
+            print(json.dumps(runs[-1])[:400], flush=True)
+    return runs
+
+
+def load_table(runs: list[dict]) -> str:
+    s = lambda r, k: f"{r[k]:.1f}" if r and k in r else ("—" if not r else r.get("error", "?"))
+    return ("| width | side | weights | imports (s) | load, first process (s) | load, again (s) | peak RSS, first (GB) |\n|---|---|---|---|---|---|---|\n"
+            + "\n".join(f"| {r['width']} | {r['side']} | {r.get('quantize', min_dalle_dtype())} | {s(r['first'], 'imports_s')} | {s(r['first'], 'load_s')} | "
+                        f"{s(r.get('again'), 'load_s')} | {s(r['first'], 'peak_rss_gb')} |" for r in runs))
 
 
 def write_partial(out, widths: dict):
@@ -439,6 +491,7 @@ def main(argv=None):
     p.add_argument("--device", default="cpu", choices=["cpu", "gpu"], help="where both sides run (gpu: the first CUDA device)")
     p.add_argument("--decode", default="", help="comma-separated: our token step's attention per run, xla or kernel (default: decode.decode_mode's)")
     p.add_argument("--gpu-pool-gb", type=float, default=None, help="gpu: cap JAX's memory pool at this many GB (XLA_PYTHON_CLIENT_MEM_FRACTION): bounds the autotuner's scratch")
+    p.add_argument("--load", action="store_true", help="only time loading the model directories (ours twice per --quantize: checked, then remembered)")
     p.add_argument("--min-dalle-dtype", default=None, choices=["float32", "float16", "bfloat16"], help="min-dalle's dtype (default: float32 on cpu, float16 on gpu)")
     a = p.parse_args(argv)
     os.environ["DALLE_NB_BENCH_DEVICE"] = a.device                       # the children read both (`device()`, `min_dalle_dtype()`)
@@ -458,6 +511,14 @@ def main(argv=None):
         if a.out: Path(a.out).mkdir(parents=True, exist_ok=True); (Path(a.out) / f"logits_error_{a.logits_error}.json").write_text(json.dumps(dict(err, date=str(date.today())), indent=1))
         return err
     if a.smoke: a.widths, a.images, a.repeats = "small", "1", 0
+    if a.load:
+        runs = load_runs(a.widths.split(","), a.quantize.split(","), a.sides.split(","), Path(a.cache))
+        res = dict(runs=runs, machine=f"{platform.machine()}, {os.cpu_count()} cores", device=a.device, date=str(date.today()))
+        print(load_table(runs))
+        if a.out:
+            Path(a.out).mkdir(parents=True, exist_ok=True); (Path(a.out) / "load.json").write_text(json.dumps(res, indent=1))
+            (Path(a.out) / "load.md").write_text(load_table(runs) + "\n")
+        return res
     import dalle_nb
     widths = {}
     for width in a.widths.split(","):

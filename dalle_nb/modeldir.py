@@ -7,6 +7,7 @@ Docs: https://dalle-nb.github.io/dalle_nb/modeldir.html.md"""
 # %% ../nbs/09_modeldir.ipynb #0e18465a
 from __future__ import annotations
 import hashlib, json, math, os
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace, is_dataclass
 from pathlib import Path
 import numpy as np
@@ -213,18 +214,23 @@ def check_manifest(path) -> dict | None:
     return files
 
 # %% ../nbs/09_modeldir.ipynb #02cfb68f
+_finite = jax.jit(lambda x: jnp.isfinite(x).all())
+
 def check_finite(models: dict, path) -> None:
-    "`ModelDirError` naming the first tensor of `models` (`{name: module or None}`) holding a NaN or an infinity."
+    ("`ModelDirError` naming the first tensor of `models` (`{name: module or None}`) holding a NaN or an infinity. "
+     "Large tensors are reduced where they are (on a GPU: no copy back), every reduction dispatched before one wait.")
     for name, mod in models.items():
         if mod is None: continue
-        for keys, x in jax.tree_util.tree_flatten_with_path(nnx.state(mod))[0]:
-            a = np.asarray(x)
-            if np.issubdtype(a.dtype, np.floating) or a.dtype.name == "bfloat16":
-                if not np.isfinite(a).all():
-                    where = "/".join(str(k.key if hasattr(k, "key") else k.idx) for k in keys
-                                     if hasattr(k, "key") or hasattr(k, "idx"))
-                    raise ModelDirError(f"model directory {path}: {name}.msgpack holds non-finite values (NaN or inf) "
-                                        f"in {where}; the weights are damaged")
+        leaves = [(keys, x) for keys, x in jax.tree_util.tree_flatten_with_path(nnx.state(mod))[0]
+                  if jnp.issubdtype(getattr(x, "dtype", np.int8), jnp.floating)]
+        oks = jax.device_get([_finite(x) if x.size >= 1 << 20 else np.isfinite(np.asarray(x)).all() for _, x in leaves])
+        for (keys, _), ok in zip(leaves, oks):
+            if not ok:
+                where = "/".join(str(k.key if hasattr(k, "key") else k.idx) for k in keys
+                                 if hasattr(k, "key") or hasattr(k, "idx"))
+                raise ModelDirError(f"model directory {path}: {name}.msgpack holds non-finite values (NaN or inf) "
+                                    f"in {where}; the weights are damaged")
+
 
 # %% ../nbs/09_modeldir.ipynb #6efa4aeb
 def _remembered(path: Path) -> bool:
@@ -256,6 +262,19 @@ def verify_model_dir(path, models: dict | None = None, full: bool = False) -> st
     _remember(path, files)
     return "no manifest" if files is None else "verified"
 
+# %% ../nbs/09_modeldir.ipynb #5a7b3c19
+def _while_checking(path: Path, check: bool, load):
+    ("`(files, load())`: `path`'s manifest checked (`check_manifest`, when `check`) on a thread while `load` reads; a "
+     "file that fails its checksum is named as such, whatever reading it raised.")
+    with ThreadPoolExecutor(1) as pool:
+        files = pool.submit(check_manifest, path) if check else None
+        try: value = load()
+        except BaseException:
+            if files is not None: files.result()                       # a damaged file: its checksum's error first
+            raise
+        return (None if files is None else files.result()), value
+
+
 # %% ../nbs/09_modeldir.ipynb #869ca900
 def load_models(path=None, unrolled: bool = False, serve: bool = False, quantize: str | None = None) -> Models:
     ("Load a model directory (default: the shipped shapes model); one clear `ModelDirError` for anything wrong.\n\n"
@@ -263,20 +282,22 @@ def load_models(path=None, unrolled: bool = False, serve: bool = False, quantize
      "loads).\n\n"
      "`serve`: the transformer's `Linear` layers read straight into their serving form, weights as `quantize` says "
      "(`Linear.serve`).\n\n"
-     "The files are checked against `manifest.json` and the tensors for NaN/inf, once per change of the files "
-     "(`verify_model_dir`).")
+     "The files are checked against `manifest.json` (while they are read) and the tensors for NaN/inf, once per change "
+     "of the files (`verify_model_dir`).")
     path = Path(path) if path is not None else default_model_dir()
     cfg = _read_config(path, unrolled)
     remembered = _remembered(path)
-    try:
-        files = None if remembered else check_manifest(path)           # before reading: a damaged file is named as such
+    def read():
         text = TextEncoder.load(path / "tokenizer.json", max_len=cfg.text_len, normalizer=cfg.bart.text_normalizer)
         clip_text = (TextEncoder.load(path / "clip_tokenizer.json", max_len=cfg.clip.text_len, normalizer="none")
                      if (path / "clip_tokenizer.json").exists() else None)
         if text.vocab_size > cfg.text_vocab:
-            raise ModelDirError(f"{path / 'tokenizer.json'}: {text.vocab_size} tokens but the "
-                                f"{'BART' if cfg.arch == 'bart' else 'DALL·E transformer'} reads only {cfg.text_vocab}")
-        loaded = _load_weights(path, cfg, serve, quantize)
+            reader = 'BART' if cfg.arch == 'bart' else 'DALL·E transformer'
+            raise ModelDirError(f"{path / 'tokenizer.json'}: {text.vocab_size} tokens but the {reader} reads only "
+                                f"{cfg.text_vocab}")
+        return text, clip_text, _load_weights(path, cfg, serve, quantize)
+    try:
+        files, (text, clip_text, loaded) = _while_checking(path, not remembered, read)
         if not remembered: check_finite(loaded, path); _remember(path, files)
     except (ValueError, FileNotFoundError, OSError) as e:
         if isinstance(e, ModelDirError): raise

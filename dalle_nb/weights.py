@@ -6,7 +6,7 @@ Docs: https://dalle-nb.github.io/dalle_nb/weights.html.md"""
 
 # %% ../nbs/04a_weights.ipynb #fc67c4ab
 from __future__ import annotations
-import re
+import mmap, re, struct, weakref
 from pathlib import Path
 import numpy as np
 import jax, jax.numpy as jnp, msgpack
@@ -81,26 +81,69 @@ def _layers_like(flat: dict, want: dict) -> dict:
 
 
 # %% ../nbs/04a_weights.ipynb #fe3ef6bc
-def _array_ext(code: int, data: bytes):
-    "msgpack extension hook for Flax's arrays (type 1: `(shape, dtype name, bytes)`; type 3: a scalar the same way)."
-    if code not in (1, 3): return msgpack.ExtType(code, data)
-    shape, dtype, buf = msgpack.unpackb(data, raw=True)
-    a = np.frombuffer(buf, dtype=jnp.dtype(dtype.decode())).reshape(shape)
+_NUMBER = {0xca: ">f", 0xcb: ">d", 0xcc: ">B", 0xcd: ">H", 0xce: ">I", 0xcf: ">Q", 0xd0: ">b", 0xd1: ">h", 0xd2: ">i",
+           0xd3: ">q"}
+_SIZED = {0xc4: (">B", "bin"), 0xc5: (">H", "bin"), 0xc6: (">I", "bin"), 0xc7: (">B", "ext"), 0xc8: (">H", "ext"),
+          0xc9: (">I", "ext"), 0xd9: (">B", "str"), 0xda: (">H", "str"), 0xdb: (">I", "str"), 0xdc: (">H", "array"),
+          0xdd: (">I", "array"), 0xde: (">H", "map"), 0xdf: (">I", "map")}
+_FIXEXT = {0xd4: 1, 0xd5: 2, 0xd6: 4, 0xd7: 8, 0xd8: 16}
+
+def _unpack(buf: memoryview, i: int = 0, piece=None):
+    ("One msgpack value of `buf` at offset `i` → `(value, next offset)`; `bin` values, and the bytes of Flax's arrays, "
+     "are `piece(start, size)` (default: a view of `buf`, not a copy).")
+    b = buf[i]; i += 1
+    if b <= 0x7f or b >= 0xe0: return b - (b >= 0xe0) * 0x100, i                    # fixints
+    if b in (0xc0, 0xc2, 0xc3): return (None, False, True)[(b > 0xc0) + (b > 0xc2)], i
+    if b in _NUMBER: return struct.unpack_from(_NUMBER[b], buf, i)[0], i + struct.calcsize(_NUMBER[b])
+    if b <= 0xbf: kind, n = ("map", b & 0x0f) if b <= 0x8f else ("array", b & 0x0f) if b <= 0x9f else ("str", b & 0x1f)
+    elif b in _FIXEXT: kind, n = "ext", _FIXEXT[b]
+    elif b in _SIZED:
+        f, kind = _SIZED[b]; n, i = struct.unpack_from(f, buf, i)[0], i + struct.calcsize(f)
+    else: raise ValueError(f"byte 0x{b:02x} at offset {i - 1} starts no msgpack value")
+    if kind in ("map", "array"):
+        items = []
+        for _ in range(2 * n if kind == "map" else n): v, i = _unpack(buf, i, piece); items.append(v)
+        return (dict(zip(items[::2], items[1::2])) if kind == "map" else items), i
+    code, i = (buf[i], i + 1) if kind == "ext" else (None, i)
+    if i + n > len(buf): raise ValueError(f"a {kind} of {n} bytes at offset {i} runs past the end ({len(buf)} bytes)")
+    if kind == "str": return str(buf[i:i + n], "utf-8"), i + n
+    return (piece or (lambda j, m: buf[j:j + m]))(i, n) if kind == "bin" else _array_ext(code, buf, i, n, piece), i + n
+
+def _array_ext(code: int, buf: memoryview, i: int, n: int, piece=None):
+    "The extension of `n` bytes at `i`: a Flax array (type 1: `(shape, dtype name, bytes)`; type 3: a scalar likewise)."
+    if code not in (1, 3): return msgpack.ExtType(code, bytes(buf[i:i + n]))
+    (shape, dtype, raw), end = _unpack(buf, i, piece)
+    if end > i + n: raise ValueError(f"the array at offset {i} runs past its extension's {n} bytes")
+    a = np.frombuffer(raw, dtype=jnp.dtype(dtype)).reshape(shape)
     return a if code == 1 else a[()]
 
+
+# %% ../nbs/04a_weights.ipynb #a91c5e27
+def _released_piece(mapped: mmap.mmap):
+    ("`_unpack`'s `piece` for a mapped file: the bytes as a NumPy view whose pages the process lets go of (`madvise`) "
+     "when the last array over them is dropped, so loading holds each tensor's file pages only while it is read.")
+    def piece(i: int, n: int):
+        raw, page = np.frombuffer(mapped, np.uint8, n, i), mmap.PAGESIZE
+        lo, hi = -(-i // page) * page, (i + n) // page * page
+        if hi > lo and hasattr(mapped, "madvise"):                   # not on Windows
+            weakref.finalize(raw, mapped.madvise, mmap.MADV_DONTNEED, lo, hi - lo)
+        return raw
+    return piece
+
 def read_params(path) -> dict:
-    ("The flat `{'a/b': array}` dict stored in a msgpack weights file (streamed: the file's bytes are not held beside "
-     "the arrays).")
+    ("The flat `{'a/b': array}` dict stored in a msgpack weights file, each array a read-only view of the file mapped "
+     "into memory: nothing is copied until the arrays are used.")
     path = Path(path)
     if not path.exists(): raise WeightsError(f"{path}: no such weights file")
     try:
-        with open(path, "rb") as f: tree = msgpack.Unpacker(f, ext_hook=_array_ext, raw=False,
-                                                            max_buffer_size=2**40).unpack()
+        with open(path, "rb") as f: mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        tree = _unpack(memoryview(mapped), 0, _released_piece(mapped))[0]
     except Exception as e:
         raise WeightsError(f"{path}: not a readable msgpack weights file ({type(e).__name__}: {e})") from None
     if not isinstance(tree, dict): raise WeightsError(f"{path}: expected a mapping of tensors, found "
                                                       f"{type(tree).__name__}")
     return {_key(k): np.asarray(v) for k, v in traverse_util.flatten_dict(tree).items()}
+
 
 # %% ../nbs/04a_weights.ipynb #dbd2e5aa
 def check_params(module, flat: dict) -> list[str]:
@@ -134,9 +177,9 @@ def load_params(module, path, serve: bool = False, quantize: str | None = None):
         lin.serve(quantize, kernel=flat.pop(_key(p) + "/kernel"))
     state = nnx.state(module, nnx.Param)
     pure = traverse_util.flatten_dict(nnx.to_pure_dict(state))
-    # cast on the host, copied by `device_put` (`jnp.asarray` compiles a program per shape and dtype, ~25 ms each
-    # at every start); served kernels are already there
-    fill = lambda k, v: jax.device_put(np.asarray(flat.pop(_key(k)), dtype=v.dtype)) if _key(k) in flat else v
+    # cast (a copy off the mapped file) on the host, then `device_put` (`jnp.asarray` compiles a program per shape and
+    # dtype, ~25 ms each at every start); served kernels are already there
+    fill = lambda k, v: jax.device_put(np.array(flat.pop(_key(k)), dtype=v.dtype)) if _key(k) in flat else v
     nnx.replace_by_pure_dict(state, traverse_util.unflatten_dict({k: fill(k, v) for k, v in pure.items()}))
     nnx.update(module, state)
     abstract = lambda x: isinstance(x, jax.ShapeDtypeStruct)
