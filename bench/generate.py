@@ -273,7 +273,7 @@ def step_floor(width: str, quantize: str, rows: int, measured: dict, cache: str 
     params = sum(v.size for v in read.values())
     layout = default_layout(rows * cfg.decoder_layers * 2 * cfg.d_model * TOKENS * 4)    # the rows' whole float32 cache
     cache = cache or layout["cache"]
-    per_pos = {"float32": 4, "bfloat16": 2, "int8": 1 + 4 / cfg.head_dim}[cache]          # int8: + a float32 scale per head
+    per_pos = {"float32": 4, "bfloat16": 2, "float16": 2, "int8": 1 + 4 / cfg.head_dim}[cache]          # int8: + a float32 scale per head
     cross_b = 4 if cache == "float32" else 2                                                # the captions' K/V: 16-bit unless float32
     captions = rows // (runs or rows // 2)
     kv = rows * cfg.decoder_layers * 2 * cfg.d_model * per_pos                             # bytes per cached position, all rows
@@ -289,14 +289,17 @@ def step_floor(width: str, quantize: str, rows: int, measured: dict, cache: str 
                 floor_ms=1e3 * max((weights + kv * mean_pos + cross) / (measured["read_gb_s"] * 1e9), flops / (peak * 1e9)))
 
 
-def logits_error(width: str, seed: int = 0) -> dict:
-    "The BART's teacher-forced logits (random weights at `width`, full depth) with bfloat16 and int8 weights against float32."
+def logits_error(width: str, forms=("bfloat16", "float16", "int8"), seed: int = 0) -> dict:
+    "The BART's teacher-forced logits (random weights at `width`, full depth) with weights served as `forms` against float32."
     import numpy as np, jax.numpy as jnp
     from dataclasses import replace
     from flax import nnx
     from dalle_nb.bart import DalleBart
     from dalle_nb.layers import serve_all
-    cfg = replace(bart_config(width), scan_layers=False)
+    # XLA:CPU multiplies float16 through float32 copies: unrolled as `Pipeline` runs it, Mega's float16 run did not fit
+    # in this VM's 22 GB, scanned it does (one layer converted at a time; scanned, bfloat16's did not fit). Same
+    # arithmetic either way; the random weights differ.
+    cfg = replace(bart_config(width), scan_layers=tuple(forms) == ("float16",))
     model = DalleBart(cfg, rngs=nnx.Rngs(seed))
     rng = np.random.default_rng(seed)
     text = np.ones((2, cfg.max_text_len), np.int32); text[:, 0] = 0
@@ -304,8 +307,8 @@ def logits_error(width: str, seed: int = 0) -> dict:
     image = rng.integers(0, cfg.image_codes, (2, TOKENS)).astype(np.int32)
     run = nnx.jit(lambda m, t, i: m(t, i), graph_updates=False)
     ref = np.asarray(run(model, text, image), np.float64)
-    out = dict(width=width, tokens=TOKENS, rows=2)
-    for q in ("bfloat16", "int8"):
+    out = dict(width=width, tokens=TOKENS, rows=2, **{f"layers_{q}": "scanned" if cfg.scan_layers else "unrolled" for q in forms})
+    for q in forms:
         served = serve_all(nnx.clone(model), q)            # a second copy of the kernels, in the served form
         got = np.asarray(run(served, text, image), np.float64); del served
         out[q] = dict(relative_error=float(np.linalg.norm(got - ref) / np.linalg.norm(ref)),
@@ -317,7 +320,7 @@ def logits_error(width: str, seed: int = 0) -> dict:
 
 def cache_error(width: str, seed: int = 0) -> dict:
     "The decoder's logits decoded step by step through the KV cache (random weights at `width`, full depth, stored in\n\n"
-    "bfloat16 and computed in float32, 2 captions, teacher-forced tokens) with a bfloat16 and an int8 cache against float32."
+    "bfloat16 and computed in float32, 2 captions, teacher-forced tokens) with a bfloat16, a float16 and an int8 cache against float32."
     import numpy as np, jax, jax.numpy as jnp
     from dataclasses import replace
     from flax import nnx
@@ -337,7 +340,7 @@ def cache_error(width: str, seed: int = 0) -> dict:
         return jax.lax.scan(step, cache, jnp.arange(TOKENS))[1]
     ref = np.asarray(stepped(model, text, image, "float32"), np.float64)
     out = dict(width=width, tokens=TOKENS, rows=2, weights="bfloat16-stored, float32 compute")
-    for c in ("bfloat16", "int8"):
+    for c in ("bfloat16", "float16", "int8"):
         got = np.asarray(stepped(model, text, image, c), np.float64)
         out[f"cache_{c}"] = dict(relative_error=float(np.linalg.norm(got - ref) / np.linalg.norm(ref)),
                                  top1_agreement=float((got.argmax(-1) == ref.argmax(-1)).mean()))
@@ -367,7 +370,7 @@ def child(argv: list[str]) -> dict:
     if kind == "make": return dict(path=str(make_model_dir(rest[0], Path(rest[1]))))
     if kind == "make-min-dalle": return dict(path=str(make_min_dalle_dir(rest[0], Path(rest[1]))))
     if kind == "agree": return greedy_agreement()
-    if kind == "error": return logits_error(rest[0])
+    if kind == "error": return logits_error(rest[0], rest[1:])
     if kind == "cache-error": return cache_error(rest[0])
     if kind in ("load", "load-min-dalle"): return timed_load(kind, *rest)
     if kind == "floor":
@@ -480,14 +483,14 @@ def main(argv=None):
     p.add_argument("--images", default="1,4", help="comma-separated images per prompt (squares: min-dalle draws a grid)")
     p.add_argument("--repeats", type=int, default=2, help="warm calls timed per image count (median)")
     p.add_argument("--sides", default="ours,min-dalle")
-    p.add_argument("--quantize", default="none", help="comma-separated weight forms for our side: none (float32), bfloat16, int8")
+    p.add_argument("--quantize", default="none", help="comma-separated weight forms for our side: none (float32), bfloat16, float16, int8")
     p.add_argument("--cache", default=str(Path.home() / ".cache" / "dalle_nb" / "bench_generate"), help="where the random model directories are kept")
     p.add_argument("--smoke", action="store_true", help="small width, 1 image, 1 repeat (the smoke test)")
     p.add_argument("--out", default=None, help="write generate.json and generate.md here")
     p.add_argument("--second-process", action="store_true", help="also time two `dalle-nb generate` processes sharing a fresh compilation cache")
     p.add_argument("--logits-error", default=None, metavar="WIDTH", help="only measure the logits' error with bfloat16 and int8 weights at WIDTH (mega: ~17 GB)")
     p.add_argument("--cache-error", default=None, metavar="WIDTH", help="only measure the logits' error with a bfloat16 and an int8 KV cache at WIDTH (weights stored in bfloat16: mega 5.2 GB)")
-    p.add_argument("--kv-cache", default=None, choices=["float32", "bfloat16", "int8"], help="our decode cache (default: float32 on cpu, bfloat16 on gpu)")
+    p.add_argument("--kv-cache", default=None, choices=["float32", "bfloat16", "float16", "int8"], help="our decode cache (default: float32 on cpu, bfloat16 on gpu)")
     p.add_argument("--device", default="cpu", choices=["cpu", "gpu"], help="where both sides run (gpu: the first CUDA device)")
     p.add_argument("--decode", default="", help="comma-separated: our token step's attention per run, xla or kernel (default: decode.decode_mode's)")
     p.add_argument("--gpu-pool-gb", type=float, default=None, help="gpu: cap JAX's memory pool at this many GB (XLA_PYTHON_CLIENT_MEM_FRACTION): bounds the autotuner's scratch")
@@ -505,8 +508,10 @@ def main(argv=None):
     if a.device == "gpu": os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")   # JAX takes what it uses, as torch does
     if "kernel" in a.decode.split(",") and a.device == "cpu": p.error("--decode kernel needs --device gpu (a GPU Triton runs on)")
     if a.gpu_pool_gb and a.device == "gpu": os.environ["XLA_PYTHON_CLIENT_MEM_FRACTION"] = f"{a.gpu_pool_gb * 1e9 / gpu_total_bytes():.4f}"
-    if a.logits_error:
-        err = in_process("error", a.logits_error)
+    if a.logits_error:                                    # a process per form: Mega's float32 model and one served copy fit
+        err = {}
+        for q in ("bfloat16", "float16", "int8"):
+            r = in_process("error", a.logits_error, q); err.update(r if "error" not in r else {q: r})
         print(json.dumps(err, indent=1))
         if a.out: Path(a.out).mkdir(parents=True, exist_ok=True); (Path(a.out) / f"logits_error_{a.logits_error}.json").write_text(json.dumps(dict(err, date=str(date.today())), indent=1))
         return err
@@ -535,7 +540,7 @@ def main(argv=None):
                 print(f"{width} {side}: {json.dumps(sides[side])[:400]}", flush=True)
                 write_partial(a.out, {**widths, width: sides})
             for q, mode in ((q, m) for q in a.quantize.split(",") for m in a.decode.split(",")) if side == "ours" else ():
-                if q not in ("none", "bfloat16", "int8"): p.error(f"--quantize: unknown form {q!r}")
+                if q not in ("none", "bfloat16", "float16", "int8"): p.error(f"--quantize: unknown form {q!r}")
                 if mode not in ("", "xla", "kernel"): p.error(f"--decode: unknown mode {mode!r}")
                 parts = [x for x in (None if q == "none" else q, mode) if x]                # "ours (bfloat16, xla)"
                 name = "ours" + (f" ({', '.join(parts)})" if parts else "")

@@ -46,7 +46,7 @@ def _readable(c, dtype=None):
     return (c.q if dtype is None else c.q.astype(dtype)), c.scale
 
 def attend_cached(q, k, v, mask, length=None):
-    ("`attend` to a decoding cache laid out `[B,H,D,Tk]` (k and v: float32, bfloat16 or `Int8KV`), the layout "
+    ("`attend` to a decoding cache laid out `[B,H,D,Tk]` (k and v: float32, bfloat16, float16 or `Int8KV`), the layout "
      "the dots take as it is, so a step reads each layer's cache once instead of first transposing it (on a CPU "
      "that copy cost a third of the step). An 8-bit entry's scales multiply the scores (keys) and the "
      "probabilities.\n\n"
@@ -343,7 +343,7 @@ def bart_loss(model: DalleBart, text_ids, image_ids):
     return loss, {"loss": loss, "accuracy": acc}
 
 # %% ../nbs/06_bart.ipynb #5cf33de4
-CACHE_DTYPES = ("float32", "bfloat16", "int8")
+CACHE_DTYPES = ("float32", "bfloat16", "float16", "int8")
 
 class KVCache(NamedTuple):
     "Per-layer self-attention keys/values written as tokens are generated, and the cross-attention ones of the text."

@@ -326,10 +326,11 @@ def _add_sampling(g):
 # %% ../nbs/11b_cli_generate.ipynb #38c18c3a
 def _add_resources(g):
     "`generate`'s flags for the precision of the weights and the decode cache, and the memory it may use."
-    g.add_argument("--quantize", choices=("bfloat16", "int8"), default=None,
-                   help="the transformer's weights in bfloat16 or int8 (int8: ~2× faster token steps on a CPU, ¼ the "
-                        "memory; BENCHMARKS.md has the error; default: float32)")
-    g.add_argument("--cache", choices=("float32", "bfloat16", "int8"), default=None,
+    g.add_argument("--quantize", choices=("bfloat16", "float16", "int8"), default=None,
+                   help="the transformer's weights in bfloat16, float16 (GPUs without bfloat16 arithmetic: a T4) or "
+                        "int8 (int8: ~2× faster token steps on a CPU, ¼ the memory; BENCHMARKS.md has the error; "
+                        "default: float32)")
+    g.add_argument("--cache", choices=("float32", "bfloat16", "float16", "int8"), default=None,
                    help="the decode cache of keys/values (default: float32 on a CPU, bfloat16 on accelerators; "
                         "BENCHMARKS.md has the error)")
     g.add_argument("--max-memory", type=float, default=None, metavar="GB", help="memory this process may use (GiB): "

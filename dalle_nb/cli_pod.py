@@ -279,10 +279,10 @@ def add_gpu_commands(sub, usage_error=ValueError):
         p.add_argument("--json", default=None, help="also write the report as JSON here (default: none)")
     fit, train = gs.choices["fit"], gs.choices["train"]
     fit.add_argument("--images", type=int, default=9, help="images drawn at once (super conditioning doubles the rows)")
-    fit.add_argument("--quantize", choices=("none", "bfloat16", "int8"), default="bfloat16",
-                     help="the transformer's kernels as served")
-    fit.add_argument("--cache", choices=("float32", "bfloat16", "int8"), default=None,
-                     help="the decode cache's dtype (default: the card's, bfloat16)")
+    fit.add_argument("--quantize", choices=("none", "bfloat16", "float16", "int8"), default="bfloat16",
+                     help="the transformer's kernels as served (float16: for cards without bfloat16 arithmetic)")
+    fit.add_argument("--cache", choices=("float32", "bfloat16", "float16", "int8"), default=None,
+                     help="the decode cache's dtype (default: the card's)")
     _gpu_train_args(train)
     def run(a):
         try: return _cmd_gpu(a)

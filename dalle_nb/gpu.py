@@ -243,6 +243,10 @@ def table(self: GpuReport) -> str:
         f"{st['made'] / 1e9:.2f} GB values its own kernels made (each at most {st['made_max'] / 1e6:.1f} MB; "
         f"L2 {s['l2_bytes'] / 1e6:.1f} MB)",
         *(f"    {k:<44} x{n:>5.0f} {b / 1e9:8.3f} GB" for k, (n, b) in kinds[:8]),
+        *([f"  this card has no bfloat16 arithmetic (compute {s['compute_capability']} < 8.0): XLA copies bfloat16 "
+           "kernels into float32 every step; --quantize float16 is its 16-bit form"]
+          if c["quantize"] == "bfloat16" and s["compute_capability"] != "?"
+          and float(s["compute_capability"]) < 8 else []),
         f"  compile {self.compile_seconds:.0f} s"])
 
 # %% ../nbs/16b_gpu.ipynb #1e16a6a6

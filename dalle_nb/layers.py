@@ -17,8 +17,8 @@ from jax.sharding import PartitionSpec as P
 # %% auto #0
 __all__ = ['YNN_FUSIONS', 'LOGICAL_AXES', 'QUANTIZE', 'ACTIVATIONS', 'xla_cpu_defaults', 'dtype_of', 'param', 'shapes_only',
            'abstract_module', 'count_params', 'logical_to_spec', 'constrain', 'normal', 'Linear', 'quantize_rows',
-           'served_kernel', 'kernel_first', 'serving_target', 'serving_capability', 'serving_for', 'Embed', 'serve_all',
-           'Norm', 'Conv', 'gelu', 'quick_gelu', 'swish']
+           'served_kernel', 'kernel_first', 'serving_target', 'serving_capability', 'serving_for',
+           'bfloat16_arithmetic', 'Embed', 'serve_all', 'Norm', 'Conv', 'gelu', 'quick_gelu', 'swish']
 
 # %% ../nbs/04_layers.ipynb #c22d4f45
 # XLA:CPU's YNNPACK fusions per purpose
@@ -120,7 +120,7 @@ class Linear(nnx.Module):
         return y + self.bias[...].astype(self.dtype) if self.bias is not None else y
 
 # %% ../nbs/04_layers.ipynb #b5951b43
-QUANTIZE = (None, "bfloat16", "int8")
+QUANTIZE = (None, "bfloat16", "float16", "int8")
 
 def quantize_rows(x, axis: int = -1):
     "int8 values and float32 scales (largest magnitude / 127 along `axis`) with `q * scale ≈ x`."
@@ -171,12 +171,18 @@ def serving_for(platform: str, capability: float | str | None = None):
     try: yield
     finally: _TARGET.reset(token)
 
+def bfloat16_arithmetic() -> bool:
+    ("Whether the machine traced for multiplies bfloat16: a CPU, a TPU, a GPU of compute capability 8.0 or more. A T4 "
+     "or V100 does not (XLA turns bfloat16 operands into float32 copies there): float16 is their 16-bit form.")
+    cap = serving_capability()
+    return serving_target() != "gpu" or cap is None or cap >= 8.0
+
 
 # %% ../nbs/04_layers.ipynb #d5830dea
 @patch_to(Linear)
 def serve(self: Linear, quantize: str | None = None, kernel=None) -> Linear:
-    ("Store the kernel `[out, in]` for generating: float32 (`None`), `'bfloat16'`, or `'int8'` with a scale per output "
-     "channel.\n\n"
+    ("Store the kernel `[out, in]` for generating: float32 (`None`), `'bfloat16'`, `'float16'`, or `'int8'` with a "
+     "scale per output channel.\n\n"
      "`kernel`: the `(in, out)` values to serve (a loader's, for an abstract layer); default the layer's own.")
     if self.served: raise ValueError("this Linear is already in its serving form")
     w, scale = served_kernel(self.kernel[...] if kernel is None else kernel, quantize)
@@ -212,11 +218,12 @@ class Embed(nnx.Module):
 
 # %% ../nbs/04_layers.ipynb #4d1dd09b
 def serve_all(module: nnx.Module, quantize: str | None = None) -> nnx.Module:
-    ("Every `Linear` of `module` in its serving form (`Linear.serve`), embedding tables bfloat16 when quantizing; in "
-     "place.")
+    ("Every `Linear` of `module` in its serving form (`Linear.serve`), embedding tables 16-bit when quantizing "
+     "(float16 with float16 kernels, else bfloat16); in place.")
     for m in [m for _, m in nnx.iter_graph(module) if isinstance(m, (Linear, Embed))]:
         if isinstance(m, Linear) and not m.served: m.serve(quantize)
-        elif isinstance(m, Embed) and quantize: m.embedding = nnx.Param(m.embedding[...].astype(jnp.bfloat16))
+        elif isinstance(m, Embed) and quantize:
+            m.embedding = nnx.Param(m.embedding[...].astype(jnp.float16 if quantize == "float16" else jnp.bfloat16))
     return module
 
 # %% ../nbs/04_layers.ipynb #0bc15bcd

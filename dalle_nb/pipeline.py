@@ -61,6 +61,10 @@ def check_setting(name: str, value, high=None):
 def serving_models(models: Models | str | Path | None, quantize: str | None = None) -> Models:
     ("`models` (or a directory, loaded with its layers unrolled) with the transformer in its serving form; given "
      "`Models` are not changed.")
+    if quantize == "float16" and jax.default_backend() != "gpu":
+        warnings.warn(f"float16 weights are for GPUs without bfloat16 arithmetic (a T4); on this "
+                      f"{jax.default_backend().upper()} XLA multiplies them through float32 copies: bfloat16 or int8 "
+                      "serve it better", stacklevel=3)
     # no float32 copy first
     if not isinstance(models, Models): models = load_models(models, unrolled=True, serve=True, quantize=quantize)
     elif any(getattr(m, "served", False) for _, m in nnx.iter_graph(models.transformer)): return models
@@ -78,8 +82,8 @@ class Pipeline:
                  cache: str | None = None):
         ("`models`: loaded `Models`, a model directory, or a published set's name (`'mega'`, `dalle_nb.hub`), fetched "
          "and converted on first use.\n\n"
-         "`quantize`: the text→image transformer's weights as float32 (`None`), `'bfloat16'` or `'int8'` "
-         "(`Linear.serve`);\n\n"
+         "`quantize`: the text→image transformer's weights as float32 (`None`), `'bfloat16'`, `'float16'` "
+         "(GPUs without bfloat16 arithmetic) or `'int8'` (`Linear.serve`);\n\n"
          "`cache`: its decode cache, one of `CACHE_DTYPES` (`None`: this backend's default, `sample.DEFAULT_LAYOUT`).")
         if quantize not in QUANTIZE:
             raise SettingError("quantize", f"must be one of {', '.join(map(str, QUANTIZE))}; got {quantize!r}")

@@ -12,7 +12,7 @@ import numpy as np
 from flax import nnx
 from .bart import DalleBart, text_mask, CACHE_DTYPES
 from .decode import decode_mode, decode_serves, decoding
-from .layers import serving_target
+from .layers import serving_target, bfloat16_arithmetic
 from .dalle import DalleTransformer
 
 # %% auto #0
@@ -192,16 +192,18 @@ def _checked(model, text_ids, keys, blank_ids, cond_scale, temperature, top_k, t
 # %% ../nbs/07_sample.ipynb #3b5e7a10
 # float32 stays the CPU's cache (no faster in bfloat16 there: the decode-floor figures linked above); accelerators
 # read half the bytes in bfloat16. Stages: the same figures; a CPU grows only a large cache in stages (CPU_STAGED);
-# where decode.decode_attend serves (a GPU Triton runs on) it reads only the positions written: one stage.
+# where decode.decode_attend serves (a GPU Triton runs on) it reads only the positions written: one stage. A GPU
+# without bfloat16 arithmetic (a T4) holds its cache in float16, which it multiplies.
 DEFAULT_LAYOUT = {"cpu": dict(cache="float32", stages=1), "accelerator": dict(cache="bfloat16", stages=8),
-                  "kernel": dict(cache="bfloat16", stages=1)}
+                  "kernel": dict(cache="bfloat16", stages=1), "float16": dict(cache="float16", stages=8)}
 CPU_STAGED = (8, 256 * 2**20)          # on a CPU: 8 stages for a float32 self-attention cache of 256 MiB or more
 
 def default_layout(cache_bytes: int = 0) -> dict:
     ("This backend's `DEFAULT_LAYOUT` (`layers.serving_target`'s, for a compile for another machine): `dict(cache, "
      "stages)`; on a CPU `CPU_STAGED`'s stages where the rows' whole float32 self-attention cache, `cache_bytes`, is "
      "at least its size.")
-    if serving_target() != "cpu": return DEFAULT_LAYOUT["kernel" if decode_serves() else "accelerator"]
+    if serving_target() != "cpu":
+        return DEFAULT_LAYOUT["kernel" if decode_serves() else "accelerator" if bfloat16_arithmetic() else "float16"]
     stages, from_bytes = CPU_STAGED
     return {**DEFAULT_LAYOUT["cpu"], **({"stages": stages} if cache_bytes >= from_bytes else {})}
 

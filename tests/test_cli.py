@@ -259,3 +259,18 @@ def test_importing_prints_nothing_alarming(tmp_path):
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env)
     assert r.returncode == 0, r.stderr
     assert r.stderr.strip() == "", r.stderr
+
+
+def test_the_flags_offer_every_serving_form():
+    "`generate` and `gpu fit` list the forms `Linear.serve` and the decode cache take (literal, so `--help` imports no JAX)."
+    import argparse
+    from dalle_nb.bart import CACHE_DTYPES
+    from dalle_nb.cli import build_parser
+    from dalle_nb.layers import QUANTIZE
+
+    def command(p, *names):
+        for name in names: p = next(a for a in p._actions if isinstance(a, argparse._SubParsersAction)).choices[name]
+        return {o: a.choices for a in p._actions for o in a.option_strings}
+    gen, fit = command(build_parser(), "generate"), command(build_parser(), "gpu", "fit")
+    assert (tuple(gen["--quantize"]), tuple(gen["--cache"])) == (QUANTIZE[1:], CACHE_DTYPES)
+    assert (tuple(fit["--quantize"]), tuple(fit["--cache"])) == (("none", *QUANTIZE[1:]), CACHE_DTYPES)
