@@ -223,6 +223,11 @@ class GpuReport:
 # %% ../nbs/16b_gpu.ipynb #61d866e0
 def _gib(b) -> str: return f"{b / 2**30:.2f} GiB"
 
+def _bfloat16_card(capability: str) -> bool:
+    "`layers.bfloat16_arithmetic` of a card of compute `capability` (`'?'`: unknown, taken as yes)."
+    from dalle_nb.layers import bfloat16_arithmetic, serving_for
+    with serving_for("gpu", None if capability == "?" else capability): return bfloat16_arithmetic()
+
 @patch
 def table(self: GpuReport) -> str:
     "The report as plain text (what `dalle-nb gpu fit` prints)."
@@ -245,8 +250,7 @@ def table(self: GpuReport) -> str:
         *(f"    {k:<44} x{n:>5.0f} {b / 1e9:8.3f} GB" for k, (n, b) in kinds[:8]),
         *([f"  this card has no bfloat16 arithmetic (compute {s['compute_capability']} < 8.0): XLA copies bfloat16 "
            "kernels into float32 every step; --quantize float16 is its 16-bit form"]
-          if c["quantize"] == "bfloat16" and s["compute_capability"] != "?"
-          and float(s["compute_capability"]) < 8 else []),
+          if c["quantize"] == "bfloat16" and not _bfloat16_card(s["compute_capability"]) else []),
         f"  compile {self.compile_seconds:.0f} s"])
 
 # %% ../nbs/16b_gpu.ipynb #1e16a6a6
