@@ -117,12 +117,16 @@ def _checked(a, prompts):
     from dalle_nb.pipeline import Pipeline, PromptError, SettingError
     from dalle_nb.modeldir import ModelDirError
     from dalle_nb.hub import HubError
+    pipe = None
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             every = _check_settings(a)                                  # NaN, sign: before loading anything
-            pipe = Pipeline(a.model, quantize=a.quantize, cache=a.cache)
-            st = pipe.settings(*(0 if k == "seed" and a.seed is None else getattr(a, k) for k in _SETTINGS))
+            given = {k: 0 if k == "seed" and a.seed is None else getattr(a, k) for k in _SETTINGS}
+            # one plain prompt: its first batch's programs compile while the model loads (`Pipeline`'s `ahead`)
+            plain = len(prompts) == 1 and a.image_prompt is None and every is None
+            pipe = Pipeline(a.model, quantize=a.quantize, cache=a.cache, ahead=given if plain else None)
+            st = pipe.settings(**given)
             pipe.encode_negative(a.negative, st["cond_scale"])
             for i, p in enumerate(prompts):
                 try: pipe.encode_prompt(p)
@@ -131,8 +135,9 @@ def _checked(a, prompts):
                                       else str(e)) from None
             pipe.image_prompt(a.image_prompt, a.keep_rows)
             _fit_batch(pipe, st, len(prompts), a.max_memory)
-    except SettingError as e: raise UsageError(f"{_flag(e.name)} {e.message}") from None
-    except (PromptError, ModelDirError, ValueError, HubError) as e: raise UsageError(str(e)) from None
+    except (PromptError, ModelDirError, ValueError, HubError) as e:       # SettingError is a ValueError
+        if pipe is not None: pipe._ahead.cancel()       # refused: the process waits only for the program compiling
+        raise UsageError(f"{_flag(e.name)} {e.message}" if isinstance(e, SettingError) else str(e)) from None
     return pipe, dict(st, every=every), [str(w.message) for w in caught]
 
 # %% ../nbs/11b_cli_generate.ipynb #d9cab036

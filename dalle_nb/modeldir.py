@@ -26,8 +26,8 @@ from .dalle import DalleTransformer
 
 # %% auto #0
 __all__ = ['MODEL_FILES', 'MANIFEST', 'required_files', 'ModelDirError', 'default_model_dir', 'paper_model_dir', 'Models',
-           'check_config_dict', 'write_manifest', 'check_manifest', 'check_finite', 'verify_model_dir', 'load_models',
-           'save_models', 'micro_config', 'micro_models']
+           'check_config_dict', 'abstract_model', 'write_manifest', 'check_manifest', 'check_finite',
+           'verify_model_dir', 'load_models', 'save_models', 'micro_config', 'micro_models']
 
 # %% ../nbs/09_modeldir.ipynb #ec3bac07
 # what a DALL·E Mega-style directory needs
@@ -144,14 +144,18 @@ def _read_config(path: Path, unrolled: bool = False) -> RunConfig:
     return cfg
 
 # %% ../nbs/09_modeldir.ipynb #c1995afa
+def abstract_model(cfg: RunConfig, name: str):
+    ("Model `name` of `_CLASSES` for `cfg` in its abstract form (`abstract_module`: shapes and dtypes, no values): "
+     "what `load_models` reads a weights file into, and all a compile needs.")
+    return abstract_module(lambda: _CLASSES[name](getattr(cfg, name), rngs=nnx.Rngs(0)))
+
 def _load_weights(path: Path, cfg: RunConfig, serve: bool = False, quantize: str | None = None) -> dict:
     "`{name: model or None}` for every weights file `_CLASSES` knows, each read straight into an abstract model."
-    build = lambda cls, c: abstract_module(lambda: cls(c, rngs=nnx.Rngs(0)))
     # the models the config names are required (checked by `_read_config`); the others are loaded when present
     how = lambda n: dict(serve=serve, quantize=quantize) if n in ("bart", "dalle") else {}
-    return {n: load_params(build(cls, getattr(cfg, n)), path / f"{n}.msgpack", **how(n))
+    return {n: load_params(abstract_model(cfg, n), path / f"{n}.msgpack", **how(n))
             if (path / f"{n}.msgpack").exists() else None
-            for n, cls in _CLASSES.items()}
+            for n in _CLASSES}
 
 # %% ../nbs/09_modeldir.ipynb #19c2ef16
 def _materialise(abstract):
@@ -231,7 +235,6 @@ def check_finite(models: dict, path) -> None:
                 raise ModelDirError(f"model directory {path}: {name}.msgpack holds non-finite values (NaN or inf) "
                                     f"in {where}; the weights are damaged")
 
-
 # %% ../nbs/09_modeldir.ipynb #6efa4aeb
 def _remembered(path: Path) -> bool:
     "Whether the cache holds `path` as verified with every file in its manifest still of the same size and time."
@@ -273,7 +276,6 @@ def _while_checking(path: Path, check: bool, load):
             if files is not None: files.result()                       # a damaged file: its checksum's error first
             raise
         return (None if files is None else files.result()), value
-
 
 # %% ../nbs/09_modeldir.ipynb #869ca900
 def load_models(path=None, unrolled: bool = False, serve: bool = False, quantize: str | None = None) -> Models:

@@ -7,6 +7,7 @@ Docs: https://dalle-nb.github.io/dalle_nb/pipeline.html.md"""
 # %% ../nbs/10_pipeline.ipynb #e03fa167
 from __future__ import annotations
 import math, re, reprlib, time, warnings
+from functools import partial
 from dataclasses import dataclass, replace
 from pathlib import Path
 import numpy as np
@@ -14,11 +15,11 @@ import jax, jax.numpy as jnp
 from flax import nnx
 from fastcore.basics import patch
 from .images import to_uint8, to_float, load_image, center_crop_resize, ImageFileError
-from .modeldir import Models, load_models, default_model_dir
+from .modeldir import Models, load_models, default_model_dir, abstract_model, _read_config
 from .clip import clip_scores
 # 09d_results; the file helpers stay importable from here (`dalle_nb.pipeline.read_record`, …)
 from .results import Result, ImageFolder, slug, image_name, read_record
-from .sample import generate as sample_tokens, generate_steps, row_keys, state_bytes
+from .sample import generate as sample_tokens, generate_steps, row_keys, state_bytes, program, Ahead
 from .bart import CACHE_DTYPES
 from .layers import xla_cpu_defaults, serve_all, QUANTIZE
 from .widget import panel                 # the ipywidgets panel behind `widget` (10a_widget)
@@ -79,12 +80,15 @@ class PromptError(ValueError):
 class Pipeline:
     "Text → ranked images with a loaded model directory."
     def __init__(self, models: Models | str | Path | None = None, batch_size: int = 16, quantize: str | None = None,
-                 cache: str | None = None):
+                 cache: str | None = None, ahead: dict | None = None):
         ("`models`: loaded `Models`, a model directory, or a published set's name (`'mega'`, `dalle_nb.hub`), fetched "
          "and converted on first use.\n\n"
          "`quantize`: the text→image transformer's weights as float32 (`None`), `'bfloat16'`, `'float16'` "
          "(GPUs without bfloat16 arithmetic) or `'int8'` (`Linear.serve`);\n\n"
-         "`cache`: its decode cache, one of `CACHE_DTYPES` (`None`: this backend's default, `sample.DEFAULT_LAYOUT`).")
+         "`cache`: its decode cache, one of `CACHE_DTYPES` (`None`: this backend's default, "
+         "`sample.DEFAULT_LAYOUT`);\n\n"
+         "`ahead`: a first call's settings (`__call__`'s, one prompt): its programs compile while a directory "
+         "loads.")
         if quantize not in QUANTIZE:
             raise SettingError("quantize", f"must be one of {', '.join(map(str, QUANTIZE))}; got {quantize!r}")
         if cache not in (None, *CACHE_DTYPES):
@@ -92,12 +96,16 @@ class Pipeline:
         from dalle_nb.hub import is_published, published, model_dir
         hub_name = published(models).name if is_published(models) else None
         if hub_name: models = model_dir(hub_name)                  # HubError (one line) when it cannot be fetched
-        self.models, self.quantize, self.cache = serving_models(models, quantize), quantize, cache
-        self.cfg, self.batch_size = self.models.cfg, check_setting("batch_size", batch_size)
+        self.quantize, self.cache, self.batch_size = quantize, cache, check_setting("batch_size", batch_size)
         jit = lambda f: nnx.jit(f, graph_updates=False)     # the models are read only: no copy of them out of each call
-        self._decode = jit(lambda m, ids: m.decode(ids))
-        self._encode = jit(lambda m, x: m.encode(x))
-        self._score = jit(clip_scores) if self.models.clip is not None else None
+        self._decode, self._encode, self._score = jit(lambda m, ids: m.decode(ids)), jit(lambda m, x: m.encode(x)), \
+            jit(clip_scores)
+        path = None if isinstance(models, Models) else default_model_dir() if models is None else Path(models)
+        self._ahead = Ahead(partial(self._first_programs, path, ahead) if ahead is not None and path else None)
+        try: self.models = serving_models(models, quantize)
+        except BaseException: self._ahead.cancel(); raise
+        self.cfg = self.models.cfg
+        if self.models.clip is None: self._score = None
         path = self.models.path
         self.name = hub_name or ("shipped" if path is not None
                                  and Path(path).resolve() == default_model_dir().resolve() else str(path))
@@ -148,33 +156,38 @@ def row_tokens(self: Pipeline) -> int:
 @patch
 def decode(self: Pipeline, tokens) -> np.ndarray:
     "Images in [0, 1] for token ids `[n, image_len]`, decoded by the image tokenizer (VQGAN or dVAE)."
-    return np.concatenate([np.asarray(self._decode(self.models.image_tokenizer,
-                                                   jnp.asarray(tokens[i:i + self.batch_size])))
+    run = lambda ids: self._ahead("decode", self._decode, self.models.image_tokenizer, (jnp.asarray(ids),), {})
+    return np.concatenate([np.asarray(run(tokens[i:i + self.batch_size]))
                            for i in range(0, len(tokens), self.batch_size)])
 
 @patch
 def score(self: Pipeline, images, text_ids) -> np.ndarray:
     "CLIP scores of `images` against one prompt's ids."
-    return np.concatenate([np.asarray(self._score(self.models.clip, jnp.asarray(images[i:i + self.batch_size]),
-                                                  jnp.asarray(text_ids)))
+    run = lambda x: self._ahead("score", self._score, self.models.clip, (jnp.asarray(x), jnp.asarray(text_ids)), {})
+    return np.concatenate([np.asarray(run(images[i:i + self.batch_size]))
                            for i in range(0, len(images), self.batch_size)])
 
 # %% ../nbs/10_pipeline.ipynb #f9a2ca50
+def _settings(cfg, clip: bool, n=None, rerank=None, cond_scale=None, seed=0, temperature=None, top_k=None,
+              top_p=None, plausibility=None) -> dict:
+    "`Pipeline.settings` for a model directory's config `cfg` (`clip`: whether it has a CLIP)."
+    s, pick = cfg.sample, (lambda v, default: default if v is None else v)
+    out = dict(n=check_setting("n", pick(n, s.n_candidates)))
+    out["rerank"] = check_setting("rerank", pick(rerank, min(s.rerank, out["n"])), high=out["n"])
+    if out["rerank"] and not clip: raise SettingError("rerank", "must be 0: this model directory has no CLIP")
+    out.update(seed=check_setting("seed", seed), cond_scale=check_setting("cond_scale", pick(cond_scale, s.cond_scale)),
+               temperature=check_setting("temperature", pick(temperature, s.temperature)),
+               top_k=check_setting("top_k", pick(top_k, s.top_k), high=cfg.model_cfg.image_codes),
+               top_p=check_setting("top_p", pick(top_p, s.top_p)),
+               plausibility=check_setting("plausibility", pick(plausibility, s.plausibility)))
+    return out
+
 @patch
 def settings(self: Pipeline, n=None, rerank=None, cond_scale=None, seed=0, temperature=None, top_k=None, top_p=None,
              plausibility=None) -> dict:
     "The sampling settings, the model's defaults filled in and every one checked (`SettingError` names a bad one)."
-    s, pick = self.cfg.sample, (lambda v, default: default if v is None else v)
-    out = dict(n=check_setting("n", pick(n, s.n_candidates)))
-    out["rerank"] = check_setting("rerank", pick(rerank, min(s.rerank, out["n"])), high=out["n"])
-    if out["rerank"] and self.models.clip is None:
-        raise SettingError("rerank", "must be 0: this model directory has no CLIP")
-    out.update(seed=check_setting("seed", seed), cond_scale=check_setting("cond_scale", pick(cond_scale, s.cond_scale)),
-               temperature=check_setting("temperature", pick(temperature, s.temperature)),
-               top_k=check_setting("top_k", pick(top_k, s.top_k), high=self.cfg.model_cfg.image_codes),
-               top_p=check_setting("top_p", pick(top_p, s.top_p)),
-               plausibility=check_setting("plausibility", pick(plausibility, s.plausibility)))
-    return out
+    return _settings(self.cfg, self.models.clip is not None, n, rerank, cond_scale, seed, temperature, top_k, top_p,
+                     plausibility)
 
 # %% ../nbs/10_pipeline.ipynb #a50097f0
 @patch
@@ -223,7 +236,8 @@ def _batch(self: Pipeline, text_ids, keys, pad_to: int, st: dict, prefix=None, k
               temperature=st["temperature"], top_k=st["top_k"], top_p=st["top_p"], plausibility=st["plausibility"],
               prefix=None if prefix is None else np.repeat(prefix, pad_to, 0), keep=keep, cache=self.cache)
     if every is None:
-        yield self.image_len, np.asarray(sample_tokens(self.models.transformer, fill(text_ids), keys, **kw))[:rows]
+        yield self.image_len, np.asarray(sample_tokens(self.models.transformer, fill(text_ids), keys,
+                                                         programs=self._ahead, **kw))[:rows]
         return
     for t, toks in generate_steps(self.models.transformer, fill(text_ids), keys, every=every, **kw):
         yield t, toks[:rows]
@@ -400,6 +414,27 @@ def roundtrip_table(pipe: Pipeline, k: int = 24, seed: int = 0) -> dict:
                                                for im in pipe.decode(ids.reshape(k, -1))]))
     return out
 
+# %% ../nbs/10_pipeline.ipynb #e6a744e0
+@patch
+def _first_programs(self: Pipeline, path: Path, first: dict) -> list:
+    ("The programs a first call of one prompt with `first`'s settings runs, as `sample.program` gives them, the models "
+     "abstract from `path`'s config: the sampling loop, the image decoder and, reranking, CLIP's scores.")
+    cfg = _read_config(path, unrolled=True)
+    st = _settings(cfg, (path / "clip.msgpack").exists(), **first)
+    served = nnx.eval_shape(lambda m: serve_all(m, self.quantize), abstract_model(cfg, cfg.arch))
+    bs, decoder = min(self.batch_size, st["n"]), abstract_model(cfg, cfg.image_tokenizer)
+    ids = np.zeros((bs, cfg.text_len), np.int32)         # one prompt: its rows one caption, the blank rows another
+    kw = {k: st[k] for k in ("cond_scale", "temperature", "top_k", "top_p", "plausibility")}
+    tokens = jax.ShapeDtypeStruct((bs, cfg.model_cfg.image_len), jnp.int32)
+    todo = [program(served, ids, row_keys(st["seed"], bs), blank_ids=ids, cache=self.cache, **kw),
+            ("decode", self._decode, decoder, (tokens,), {})]
+    if st["rerank"]:
+        images = nnx.eval_shape(lambda m, t: m.decode(t), decoder, tokens)
+        clip_len = cfg.clip.text_len if (path / "clip_tokenizer.json").exists() else cfg.text_len
+        todo.append(("score", self._score, abstract_model(cfg, "clip"),
+                     (images, jax.ShapeDtypeStruct((1, clip_len), jnp.int32)), {}))
+    return todo
+
 # %% ../nbs/10_pipeline.ipynb #0a2e3327
 @patch
 def memory_estimate(self: Pipeline, n: int, rerank: int, prompts: int = 1, batch: int | None = None) -> dict:
@@ -510,7 +545,9 @@ def generate(prompt: str, out: str | Path, n: int = 8, rerank: int | None = None
              seed: int = 0, model: str | Path | None = None, **kw) -> list[Path]:
     "Generate images for `prompt` and write them (best first) and a grid into `out`; returns the file paths."
     key = str(Path(model).resolve()) if model is not None else "default"
-    if key not in _PIPELINES: _PIPELINES[key] = Pipeline(model)
+    if key not in _PIPELINES:                 # its first call's programs compiled while it loads
+        first = dict(n=n, rerank=rerank, cond_scale=cond_scale, seed=seed, **{k: kw[k] for k in _SAMPLING if k in kw})
+        _PIPELINES[key] = Pipeline(model, ahead=first)
     return _PIPELINES[key](prompt, n=n, rerank=rerank, cond_scale=cond_scale, seed=seed, **kw).save(out)
 
 # %% ../nbs/10_pipeline.ipynb #203f9a1f

@@ -6,7 +6,11 @@ Docs: https://dalle-nb.github.io/dalle_nb/sample.html.md"""
 
 # %% ../nbs/07_sample.ipynb #ea62e80a
 from __future__ import annotations
+import threading, warnings
+from collections import Counter
+from concurrent.futures import Future
 from functools import partial
+from fastcore.basics import patch
 import jax, jax.numpy as jnp
 import numpy as np
 from flax import nnx
@@ -17,7 +21,8 @@ from .dalle import DalleTransformer
 
 # %% auto #0
 __all__ = ['DEFAULT_LAYOUT', 'CPU_STAGED', 'kth_largest', 'filter_logits', 'supercondition', 'keep_plausible', 'row_keys',
-           'caption_runs', 'default_layout', 'generate', 'generate_steps', 'state_bytes']
+           'caption_runs', 'default_layout', 'program', 'run_program', 'generate', 'Ahead', 'generate_steps',
+           'state_bytes']
 
 # %% ../nbs/07_sample.ipynb #11030af5
 def kth_largest(x, k: int):
@@ -226,18 +231,100 @@ def _layout(model, text_ids, blank_ids, guided: bool, cache=None, stages=None, r
     return dict(runs=int(runs), cache=cache), int(stages)
 
 # %% ../nbs/07_sample.ipynb #0271727d
+def program(model: DalleBart | DalleTransformer, text_ids, keys, *, blank_ids=None, cond_scale: float = 1.0,
+            temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, plausibility: float = 0.0, prefix=None,
+            keep: int = 0, cache: str | None = None, stages: int | None = None, runs: int | None = None) -> tuple:
+    ("`generate`'s compiled program and what it is called with, every argument checked: `(name, jitted, model, args, "
+     "static)` for `jitted(model, *args, **static)`.")
+    text_ids, blank_ids, prefix, traced, static = _checked(model, text_ids, keys, blank_ids, cond_scale, temperature,
+                                                           top_k, top_p, plausibility, prefix, keep)
+    layout, stages = _layout(model, text_ids, blank_ids, static["guided"], cache, stages, runs)
+    return ("generate", _generate_jit, model, (text_ids, blank_ids, keys, prefix, *traced),
+            {**static, **layout, "stages": stages})
+
+def run_program(name: str, jitted, model, args: tuple, static: dict):
+    "Run a program as `program` describes it (`jit` compiles it at its first call)."
+    return jitted(model, *args, **static)
+
 def generate(model: DalleBart | DalleTransformer, text_ids, keys, *, blank_ids=None, cond_scale: float = 1.0,
              temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, plausibility: float = 0.0, prefix=None,
-             keep: int = 0, cache: str | None = None, stages: int | None = None, runs: int | None = None):
+             keep: int = 0, cache: str | None = None, stages: int | None = None, runs: int | None = None,
+             programs=None):
     ("Sample image token ids `[B, image_len]` for `B` rows of text ids, one PRNG key per row, in one compiled program; "
      "the first `keep` tokens are `prefix`'s.\n\n"
      "`cache`: the BART's self-attention cache, one of `CACHE_DTYPES`; `stages`: how many times it grows "
      "(`DEFAULT_LAYOUT` where `None`); `runs`: rows per caption (found from the ids where `None`; give it to trace "
-     "them).")
-    text_ids, blank_ids, prefix, traced, static = _checked(model, text_ids, keys, blank_ids, cond_scale, temperature,
-                                                           top_k, top_p, plausibility, prefix, keep)
-    layout, stages = _layout(model, text_ids, blank_ids, static["guided"], cache, stages, runs)
-    return _generate_jit(model, text_ids, blank_ids, keys, prefix, *traced, **static, **layout, stages=stages)
+     "them); `programs`: an `Ahead` whose program for these arguments, compiled before this call, is used if it has "
+     "one.")
+    return (programs or run_program)(*program(model, text_ids, keys, blank_ids=blank_ids, cond_scale=cond_scale,
+                                              temperature=temperature, top_k=top_k, top_p=top_p,
+                                              plausibility=plausibility, prefix=prefix, keep=keep, cache=cache,
+                                              stages=stages, runs=runs))
+
+
+# %% ../nbs/07_sample.ipynb #0bea75d8
+class Ahead:
+    ("Programs compiled on a thread before their first call (while the weights load: a compile needs only shapes), "
+     "each found again by its name, its arguments' shapes and dtypes and its static settings.")
+    def __init__(self, plan=None):
+        ("`plan()`, run on the thread: `program`-style tuples `(name, jitted, model, args, static)`, models abstract "
+         "(`nnx.eval_shape`), compiled in order; `None`: nothing ahead, every call compiled by `jit`.")
+        self.table, self.hits, self.error, self.cancelled = {}, Counter(), None, False
+        self.planned = threading.Event()
+        # never a daemon (not even when started from one): a process leaving during an XLA compile aborts
+        self.thread = threading.Thread(target=self._work, args=(plan,), name="compile-ahead", daemon=False) \
+            if plan else None
+        if self.thread: self.thread.start()
+        else: self.planned.set()
+
+    @staticmethod
+    def key(name: str, args, static: dict) -> tuple:
+        "What finds a program again: its name, its arguments' shapes and dtypes, its static settings."
+        return name, tuple((tuple(x.shape), str(x.dtype)) for x in jax.tree.leaves(args)), tuple(sorted(static.items()))
+
+    def _work(self, plan):
+        todo = []
+        try: todo = [(self.key(n, a, s), Future(), (j, m, a, s)) for n, j, m, a, s in plan()]
+        except Exception as e: self.error = e          # a bad setting: the call that uses it says so
+        finally:
+            self.table = {k: f for k, f, _ in todo}; self.planned.set()
+        for _, f, (j, m, a, s) in todo:
+            if self.cancelled: f.set_exception(RuntimeError("cancelled")); continue
+            try: f.set_result(j.lower(m, *a, **s).compile())
+            except Exception as e: f.set_exception(e)
+
+
+# %% ../nbs/07_sample.ipynb #30e29f97
+@patch
+def __call__(self: Ahead, name: str, jitted, model, args: tuple, static: dict):
+    ("`jitted(model, *args, **static)`, by the program compiled ahead for these arguments where there is one (waiting "
+     "for it if it is still compiling).")
+    self.planned.wait()
+    ahead = self.table.get(self.key(name, args, static))
+    try: compiled = None if ahead is None else ahead.result()
+    except Exception as e:
+        warnings.warn(f"{name}: compiling ahead failed ({type(e).__name__}: {e}); compiling it now"); compiled = None
+    if compiled is not None:
+        try: out = compiled(model, *args)
+        except TypeError as e:                          # raised before running: not the model it was planned for
+            warnings.warn(f"{name}: the program compiled ahead does not take this model ({e}); compiling it now")
+        else:
+            self.hits[name] += 1
+            return out
+    return run_program(name, jitted, model, args, static)
+
+@patch
+def wait(self: Ahead) -> Ahead:
+    "Wait until every program planned is compiled (or has failed)."
+    self.planned.wait()
+    for f in self.table.values(): f.exception()
+    return self
+
+@patch
+def cancel(self: Ahead):
+    "Compile nothing more after the program being compiled (a process that stops early waits only for that one)."
+    self.cancelled = True
+
 
 # %% ../nbs/07_sample.ipynb #074988c2
 def generate_steps(model: DalleBart | DalleTransformer, text_ids, keys, *, every: int, blank_ids=None,
