@@ -300,14 +300,16 @@ def __call__(self: Ahead, name: str, jitted, model, args: tuple, static: dict):
     ("`jitted(model, *args, **static)`, by the program compiled ahead for these arguments where there is one (waiting "
      "for it if it is still compiling).")
     self.planned.wait()
-    ahead = self.table.get(self.key(name, args, static))
-    try: compiled = None if ahead is None else ahead.result()
+    key = self.key(name, args, static)
+    try: compiled = self.table[key].result() if key in self.table else None
     except Exception as e:
-        warnings.warn(f"{name}: compiling ahead failed ({type(e).__name__}: {e}); compiling it now"); compiled = None
+        warnings.warn(f"{name}: compiling ahead failed ({type(e).__name__}: {e}); compiling it now")
+        compiled = self.table.pop(key) and None                       # said once: `jit` has it from now on
     if compiled is not None:
         try: out = compiled(model, *args)
         except TypeError as e:                          # raised before running: not the model it was planned for
             warnings.warn(f"{name}: the program compiled ahead does not take this model ({e}); compiling it now")
+            self.table.pop(key)
         else:
             self.hits[name] += 1
             return out
