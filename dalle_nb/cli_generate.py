@@ -70,14 +70,26 @@ def _prompts(a) -> list[str]:
     return prompts
 
 # %% ../nbs/11b_cli_generate.ipynb #9b3c12ab
+def _probe(d: Path):
+    "Prove folder `d` takes a file: one of this run's own (two runs at once), written and removed."
+    probe = d / f".dalle-nb-write-test.{os.getpid()}-{os.urandom(3).hex()}.tmp"
+    probe.write_bytes(b""); probe.unlink()
+
+def _can_write(out: Path):
+    ("Refuse an `--out` that cannot be written before the model loads, creating nothing: the nearest folder of its "
+     "path that exists takes a file.")
+    try:
+        d = out.absolute()
+        while not d.exists() and d != d.parent: d = d.parent
+        if not d.is_dir(): raise NotADirectoryError(20, "Not a directory", str(d))
+        _probe(d)
+    except OSError as e: raise UsageError(f"--out {out}: cannot write there ({e.strerror or e})") from None
+
 def _writable(out: Path, names: list[str]) -> list[Path]:
-    "Create `out` (one sub-folder per name when there are several) and prove it takes a file — before any work."
+    "Create `out` (one sub-folder per name when there are several) and prove it takes a file — before any drawing."
     dirs = [out] if len(names) == 1 else [out / n for n in names]
     try:
-        for d in dirs:
-            d.mkdir(parents=True, exist_ok=True)
-            probe = d / f".dalle-nb-write-test.{os.getpid()}-{os.urandom(3).hex()}.tmp"   # its own: two runs at once
-            probe.write_bytes(b""); probe.unlink()
+        for d in dirs: d.mkdir(parents=True, exist_ok=True); _probe(d)
     except OSError as e: raise UsageError(f"--out {out}: cannot write there ({e.strerror or e})") from None
     return dirs
 
@@ -223,6 +235,7 @@ def cmd_generate(a) -> int:
     if a.keep_rows is not None and a.image_prompt is None:
         raise UsageError("--keep-rows needs an image prompt (--image-prompt: the image whose top rows are kept)")
     prompts = _prompts(a)
+    _can_write(Path(a.out))                                          # before the model loads: nothing made yet
     t0 = time.perf_counter()
     pipe, st, notes = _checked(a, prompts)
     for n in notes + unseen_notes(prompts, pipe.models.text): print(f"dalle-nb: warning: {n}", file=sys.stderr)
