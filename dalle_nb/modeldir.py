@@ -6,7 +6,7 @@ Docs: https://dalle-nb.github.io/dalle_nb/modeldir.html.md"""
 
 # %% ../nbs/09_modeldir.ipynb #0e18465a
 from __future__ import annotations
-import hashlib, json, math, os
+import hashlib, json, math, os, warnings
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace, is_dataclass
 from pathlib import Path
@@ -16,7 +16,7 @@ from flax import nnx
 from .config import RunConfig, load_config, save_config, from_dict
 from .text import TextEncoder
 from .weights import load_params, save_params, WeightsError
-from .layers import abstract_module
+from .layers import abstract_module, serve_all
 from .vqgan import VQGAN
 from .factored import make_vqgan
 from .bart import DalleBart
@@ -27,7 +27,7 @@ from .dalle import DalleTransformer
 # %% auto #0
 __all__ = ['MODEL_FILES', 'MANIFEST', 'required_files', 'ModelDirError', 'default_model_dir', 'paper_model_dir', 'Models',
            'check_config_dict', 'abstract_model', 'write_manifest', 'check_manifest', 'check_finite',
-           'verify_model_dir', 'load_models', 'save_models', 'micro_config', 'micro_models']
+           'verify_model_dir', 'load_models', 'save_models', 'micro_config', 'micro_models', 'serving_models']
 
 # %% ../nbs/09_modeldir.ipynb #ec3bac07
 # what a DALL·E Mega-style directory needs
@@ -349,3 +349,18 @@ def micro_models(seed: int = 0) -> Models:
     cfg, text = micro_config()
     r = nnx.Rngs(seed)
     return Models(cfg, text, make_vqgan(cfg.vqgan, rngs=r), DalleBart(cfg.bart, rngs=r), CLIP(cfg.clip, rngs=r))
+
+# %% ../nbs/09_modeldir.ipynb #d0b588de
+def serving_models(models: Models | str | Path | None, quantize: str | None = None) -> Models:
+    ("`models` (or a directory, loaded with its layers unrolled) with the transformer in its serving form; given "
+     "`Models` are not changed.")
+    if quantize == "float16" and jax.default_backend() != "gpu":
+        warnings.warn(f"float16 weights are for GPUs without bfloat16 arithmetic (a T4); on this "
+                      f"{jax.default_backend().upper()} XLA multiplies them through float32 copies: bfloat16 or int8 "
+                      "serve it better", stacklevel=3)
+    # no float32 copy first
+    if not isinstance(models, Models): models = load_models(models, unrolled=True, serve=True, quantize=quantize)
+    elif any(getattr(m, "served", False) for _, m in nnx.iter_graph(models.transformer)): return models
+    else: models = replace(models, **{"dalle" if models.cfg.arch == "dalle" else "bart": nnx.clone(models.transformer)})
+    serve_all(models.transformer, quantize)
+    return models

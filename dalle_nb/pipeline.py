@@ -15,7 +15,7 @@ import jax, jax.numpy as jnp
 from flax import nnx
 from fastcore.basics import patch
 from .images import to_uint8, to_float, load_image, center_crop_resize, ImageFileError
-from .modeldir import Models, load_models, default_model_dir, abstract_model, _read_config
+from .modeldir import Models, load_models, default_model_dir, abstract_model, _read_config, serving_models
 from .clip import clip_scores
 # 09d_results; the file helpers stay importable from here (`dalle_nb.pipeline.read_record`, …)
 from .results import Result, ImageFolder, slug, image_name, read_record
@@ -27,8 +27,8 @@ from .widget import panel                 # the ipywidgets panel behind `widget`
 xla_cpu_defaults("generate")       # generation's XLA:CPU flags (04_layers), while no computation has run yet
 
 # %% auto #0
-__all__ = ['SettingError', 'check_setting', 'serving_models', 'PromptError', 'Pipeline', 'Step', 'Best', 'roundtrip_table',
-           'available_memory', 'show_completions', 'generate', 'widget']
+__all__ = ['SettingError', 'check_setting', 'PromptError', 'Pipeline', 'Step', 'Best', 'roundtrip_table', 'available_memory',
+           'show_completions', 'generate', 'widget']
 
 # %% ../nbs/10_pipeline.ipynb #30b1a4dd
 class SettingError(ValueError):
@@ -57,21 +57,6 @@ def check_setting(name: str, value, high=None):
         span = f"{'>' if lo_open else '>='} {lo}" if hi is None else f"in {'(' if lo_open else '['}{lo}, {hi}]"
         raise SettingError(name, f"must be {span}, got {value}")
     return int(value) if whole else float(value)
-
-# %% ../nbs/10_pipeline.ipynb #d0b588de
-def serving_models(models: Models | str | Path | None, quantize: str | None = None) -> Models:
-    ("`models` (or a directory, loaded with its layers unrolled) with the transformer in its serving form; given "
-     "`Models` are not changed.")
-    if quantize == "float16" and jax.default_backend() != "gpu":
-        warnings.warn(f"float16 weights are for GPUs without bfloat16 arithmetic (a T4); on this "
-                      f"{jax.default_backend().upper()} XLA multiplies them through float32 copies: bfloat16 or int8 "
-                      "serve it better", stacklevel=3)
-    # no float32 copy first
-    if not isinstance(models, Models): models = load_models(models, unrolled=True, serve=True, quantize=quantize)
-    elif any(getattr(m, "served", False) for _, m in nnx.iter_graph(models.transformer)): return models
-    else: models = replace(models, **{"dalle" if models.cfg.arch == "dalle" else "bart": nnx.clone(models.transformer)})
-    serve_all(models.transformer, quantize)
-    return models
 
 # %% ../nbs/10_pipeline.ipynb #bbaba0d8
 class PromptError(ValueError):
