@@ -261,17 +261,19 @@ def compiled_memory(compiled) -> dict:
     return {**mem, "total": mem["argument"] + mem["output"] - mem["alias"] + mem["temp"]}
 
 def compile_for(fn, args, device):
-    "Compile `fn` for `device` (abstract `args`, placed there), without the compilation cache: `(compiled, seconds)`."
+    ("Compile `fn` for `device` (abstract `args`, placed there) with the options `run_program` gives that card "
+     "(`sample.compiler_options`), without the compilation cache: `(compiled, seconds)`.")
     import jax, numpy as np
     from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
     from dalle_nb.layers import serving_for
+    from dalle_nb.sample import compiler_options
     sh = NamedSharding(Mesh(np.array([device]), ("x",)), P())
     args = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sh), args)
     cache = jax.config.jax_enable_compilation_cache
     jax.config.update("jax_enable_compilation_cache", False)       # time a real compile; keep GPU programs out
     try:
         with serving_for(device.platform, getattr(device, "compute_capability", None)):   # as that machine runs them
-            t0 = time.perf_counter(); compiled = jax.jit(fn).lower(*args).compile()
+            t0 = time.perf_counter(); compiled = jax.jit(fn).lower(*args).compile(compiler_options() or None)
         return compiled, time.perf_counter() - t0
     finally: jax.config.update("jax_enable_compilation_cache", cache)
 
@@ -283,12 +285,13 @@ def sampling_program(cfg, images: int, quantize: str | None = "bfloat16", cache:
     import jax, jax.numpy as jnp
     from flax import nnx
     from dalle_nb.bart import DalleBart
-    from dalle_nb.layers import serve_all
+    from dalle_nb.layers import serve_all, abstract_module
     from dalle_nb.sample import generate
     if cfg.arch != "bart": raise GpuError(f"the GPU compile covers the BART (arch 'bart'), not {cfg.arch!r}")
     if images < 1: raise GpuError(f"images must be >= 1, got {images}")
     bart, sc = dataclasses.replace(cfg.bart, scan_layers=False), cfg.sample
-    graphdef, state = nnx.split(nnx.eval_shape(lambda: serve_all(DalleBart(bart, rngs=nnx.Rngs(0)), quantize)))
+    abstract = abstract_module(lambda: DalleBart(bart, rngs=nnx.Rngs(0)))       # shapes, built without tracing
+    graphdef, state = nnx.split(nnx.eval_shape(lambda m: serve_all(m, quantize), abstract))
     text = jax.ShapeDtypeStruct((images, bart.max_text_len), jnp.int32)
     keys = jax.ShapeDtypeStruct((images,), jax.random.key(0).dtype)
     def draw(state, text_ids, blank_ids, keys):                    # one caption: its rows share the cross K/V

@@ -16,13 +16,13 @@ import numpy as np
 from flax import nnx
 from .bart import DalleBart, text_mask, CACHE_DTYPES
 from .decode import decode_mode, decode_serves, decoding
-from .layers import serving_target, bfloat16_arithmetic
+from .layers import serving_target, serving_capability, bfloat16_arithmetic
 from .dalle import DalleTransformer
 
 # %% auto #0
 __all__ = ['DEFAULT_LAYOUT', 'CPU_STAGED', 'kth_largest', 'filter_logits', 'supercondition', 'keep_plausible', 'row_keys',
-           'caption_runs', 'default_layout', 'program', 'run_program', 'generate', 'Ahead', 'generate_steps',
-           'state_bytes']
+           'caption_runs', 'default_layout', 'compiler_options', 'program_key', 'run_program', 'program', 'generate',
+           'Ahead', 'generate_steps', 'state_bytes']
 
 # %% ../nbs/07_sample.ipynb #11030af5
 def kth_largest(x, k: int):
@@ -230,6 +230,30 @@ def _layout(model, text_ids, blank_ids, guided: bool, cache=None, stages=None, r
         raise ValueError(f"generate: runs must be a whole number dividing the {len(text_ids)} rows, got {runs!r}")
     return dict(runs=int(runs), cache=cache), int(stages)
 
+# %% ../nbs/07_sample.ipynb #68d438d1
+def compiler_options() -> dict:
+    ("XLA options for the programs `run_program` and `Ahead` compile, on `layers.serving_target`'s machine: XLA's "
+     "dot merger off on an NVIDIA GPU below compute capability 8.0 (a T4); none elsewhere.")
+    cc = serving_capability()
+    return {"xla_disable_hlo_passes": "dot-merger"} if cc is not None and cc < 8.0 else {}
+
+def program_key(name: str, args, static: dict) -> tuple:
+    "What finds a compiled program again: its name, its arguments' shapes and dtypes, its static settings."
+    return name, tuple((tuple(x.shape), str(x.dtype)) for x in jax.tree.leaves(args)), tuple(sorted(static.items()))
+
+_COMPILED = {}       # programs compiled with `compiler_options()`: (program_key, the model's graph, options) → program
+
+def run_program(name: str, jitted, model, args: tuple, static: dict):
+    ("Run a program as `program` describes it: `jit` compiles it at its first call, or, where `compiler_options()` "
+     "has any, `jitted.lower(...).compile(options)` once per `program_key` and model graph (inside another trace: "
+     "part of that program, compiled with it).")
+    options = compiler_options()
+    if not options or any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves(args)):
+        return jitted(model, *args, **static)
+    key = program_key(name, args, static), nnx.graphdef(model), tuple(sorted(options.items()))
+    if key not in _COMPILED: _COMPILED[key] = jitted.lower(model, *args, **static).compile(options)
+    return _COMPILED[key](model, *args)
+
 # %% ../nbs/07_sample.ipynb #0271727d
 def program(model: DalleBart | DalleTransformer, text_ids, keys, *, blank_ids=None, cond_scale: float = 1.0,
             temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, plausibility: float = 0.0, prefix=None,
@@ -241,10 +265,6 @@ def program(model: DalleBart | DalleTransformer, text_ids, keys, *, blank_ids=No
     layout, stages = _layout(model, text_ids, blank_ids, static["guided"], cache, stages, runs)
     return ("generate", _generate_jit, model, (text_ids, blank_ids, keys, prefix, *traced),
             {**static, **layout, "stages": stages})
-
-def run_program(name: str, jitted, model, args: tuple, static: dict):
-    "Run a program as `program` describes it (`jit` compiles it at its first call)."
-    return jitted(model, *args, **static)
 
 def generate(model: DalleBart | DalleTransformer, text_ids, keys, *, blank_ids=None, cond_scale: float = 1.0,
              temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, plausibility: float = 0.0, prefix=None,
@@ -277,10 +297,7 @@ class Ahead:
         if self.thread: self.thread.start()
         else: self.planned.set()
 
-    @staticmethod
-    def key(name: str, args, static: dict) -> tuple:
-        "What finds a program again: its name, its arguments' shapes and dtypes, its static settings."
-        return name, tuple((tuple(x.shape), str(x.dtype)) for x in jax.tree.leaves(args)), tuple(sorted(static.items()))
+    key = staticmethod(program_key)
 
     def _work(self, plan):
         todo = []
@@ -290,7 +307,7 @@ class Ahead:
             self.table = {k: f for k, f, _ in todo}; self.planned.set()
         for _, f, (j, m, a, s) in todo:
             if self.cancelled: f.set_exception(RuntimeError("cancelled")); continue
-            try: f.set_result(j.lower(m, *a, **s).compile())
+            try: f.set_result(j.lower(m, *a, **s).compile(compiler_options() or None))
             except Exception as e: f.set_exception(e)
 
 
@@ -339,10 +356,11 @@ def generate_steps(model: DalleBart | DalleTransformer, text_ids, keys, *, every
     text_ids, blank_ids, prefix, traced, static = _checked(model, text_ids, keys, blank_ids, cond_scale, temperature,
                                                            top_k, top_p, plausibility, prefix, keep)
     layout, _ = _layout(model, text_ids, blank_ids, static["guided"], cache)
-    state, n, drawn = _start_jit(model, text_ids, blank_ids, guided=static["guided"], **layout), model.cfg.image_len, []
+    state = run_program("start", _start_jit, model, (text_ids, blank_ids), dict(guided=static["guided"], **layout))
+    n, drawn = model.cfg.image_len, []
     for t0 in range(0, n, every):
-        state, toks = _steps_jit(model, state, jnp.arange(t0, min(t0 + every, n), dtype=jnp.int32), keys, prefix,
-                                 *traced, **static)
+        piece = (state, jnp.arange(t0, min(t0 + every, n), dtype=jnp.int32), keys, prefix, *traced)
+        state, toks = run_program("steps", _steps_jit, model, piece, static)
         drawn.append(np.asarray(toks))
         yield t0 + drawn[-1].shape[1], np.concatenate(drawn, axis=1)
 
