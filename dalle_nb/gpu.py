@@ -284,13 +284,13 @@ def sampling_program(cfg, images: int, quantize: str | None = "bfloat16", cache:
      "`dalle_nb.sample.generate`, its decode `cache` dtype (`None`: the card's default).")
     import jax, jax.numpy as jnp
     from flax import nnx
-    from dalle_nb.bart import DalleBart
-    from dalle_nb.layers import serve_all, abstract_module
+    from dalle_nb.layers import serve_all
+    from dalle_nb.modeldir import abstract_model
     from dalle_nb.sample import generate
     if cfg.arch != "bart": raise GpuError(f"the GPU compile covers the BART (arch 'bart'), not {cfg.arch!r}")
     if images < 1: raise GpuError(f"images must be >= 1, got {images}")
     bart, sc = dataclasses.replace(cfg.bart, scan_layers=False), cfg.sample
-    abstract = abstract_module(lambda: DalleBart(bart, rngs=nnx.Rngs(0)))       # shapes, built without tracing
+    abstract = abstract_model(dataclasses.replace(cfg, bart=bart), "bart")       # shapes, built without tracing
     graphdef, state = nnx.split(nnx.eval_shape(lambda m: serve_all(m, quantize), abstract))
     text = jax.ShapeDtypeStruct((images, bart.max_text_len), jnp.int32)
     keys = jax.ShapeDtypeStruct((images,), jax.random.key(0).dtype)
